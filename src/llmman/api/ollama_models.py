@@ -1,0 +1,197 @@
+"""Ollama model-management and status routes: tags, ps, show, delete, copy, version, ``/``.
+
+Shapes follow reference/ollama.md §1.9–1.12: names always carry their tag and are identical in
+``name`` and ``model`` (Open WebUI joins ``/api/tags`` and ``/api/ps`` on them), ``digest`` is the
+manifest's hex without ``sha256:``, ``/api/show`` always has ``model_info``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from llmman import __version__
+from llmman.api.ollama_infer import json_response
+from llmman.api.services import Services
+from llmman.errors import BadRequest, ModelNotFound
+from llmman.gguf import GGUFInfo, model_info
+from llmman.protocol.ollama import parse_json_body
+from llmman.refs import parse_reference
+from llmman.store import StoredModel
+
+FOREVER_YEARS = 292  # Go's max duration, as Ollama shows a model kept forever
+
+
+def rfc3339(ts: float, *, local: bool = False) -> str:
+    """Unix seconds as RFC 3339 (UTC with ``Z``, or the local offset for ``modified_at``)."""
+    moment = datetime.fromtimestamp(ts, UTC)
+    if local:
+        return moment.astimezone().isoformat()
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def details(info: GGUFInfo | None) -> dict[str, object]:
+    """Ollama's ``details`` object from a GGUF header."""
+    family = (info.family or info.architecture or "") if info else ""
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": family,
+        "families": [family] if family else None,
+        "parameter_size": (info.parameter_size or "") if info else "",
+        "quantization_level": (info.quantization or "") if info else "",
+    }
+
+
+def _info(services: Services, model: StoredModel) -> GGUFInfo | None:
+    try:
+        return services.store.info(model)
+    except Exception:  # a model whose file cannot be read still lists, with empty details
+        return None
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+async def root(request: Request) -> Response:
+    """``GET|HEAD /``: Ollama's liveness text."""
+    return PlainTextResponse("Ollama is running")
+
+
+async def version(request: Request) -> Response:
+    """``GET|HEAD /api/version``: a purely numeric version, as Open WebUI parses it."""
+    return json_response({"version": __version__})
+
+
+async def tags(request: Request) -> Response:
+    """``GET /api/tags``: the store, newest first."""
+    services = _services(request)
+    models = sorted(services.store.list(), key=lambda m: m.modified_at, reverse=True)
+    out = []
+    for model in models:
+        info = _info(services, model)
+        entry: dict[str, object] = {
+            "name": model.reference,
+            "model": model.reference,
+            "modified_at": rfc3339(model.modified_at, local=True),
+            "size": model.size,
+            "digest": model.digest.removeprefix("sha256:"),
+            "details": details(info),
+        }
+        if info is not None:
+            entry["capabilities"] = list(info.capabilities)
+        out.append(entry)
+    return json_response({"models": out})
+
+
+async def ps(request: Request) -> Response:
+    """``GET /api/ps``: loaded and loading models, latest expiry first."""
+    services = _services(request)
+    now = datetime.now(UTC).timestamp()
+    rows = []
+    for snap in services.scheduler.snapshot():
+        expires = snap.expires_at if snap.expires_at is not None else now + FOREVER_YEARS * 365.25 * 86400
+        rows.append(
+            (
+                expires,
+                {
+                    "name": snap.reference,
+                    "model": snap.reference,
+                    "size": snap.size,
+                    "size_vram": 0,
+                    "digest": snap.digest.removeprefix("sha256:"),
+                    "details": snap.details,
+                    "expires_at": rfc3339(expires, local=True),
+                    "context_length": snap.n_ctx,
+                    "started_at": rfc3339(snap.started_at),
+                    "processor": "llama-server" if snap.ready else "llama-server (loading)",
+                    "pid": snap.pid,
+                },
+            )
+        )
+    rows.sort(key=lambda r: r[0], reverse=True)
+    return json_response({"models": [r[1] for r in rows]})
+
+
+def _model_name(body: dict[str, object]) -> str:
+    """``model``, or the legacy ``name`` (reference/ollama.md §0 item 9)."""
+    for key in ("model", "name"):
+        value = body.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+        if value is not None and not isinstance(value, str):
+            raise BadRequest(f"{key} must be a string")
+    raise BadRequest("model is required")
+
+
+def _parameters(n_ctx: int, stop: list[str]) -> str:
+    lines = [f"{'num_ctx':<30} {n_ctx}"]
+    lines += [f"{'stop':<30} {s!r}".replace("'", '"') for s in stop]
+    return "\n".join(lines)
+
+
+async def show(request: Request) -> Response:
+    """``POST /api/show``: details, template, parameters, capabilities and ``model_info``."""
+    services = _services(request)
+    body = parse_json_body(await request.body())
+    name = _model_name(body)
+    verbose = body.get("verbose") is True
+    resolved = services.gateway.resolve(name)
+    stored = resolved.stored
+    info = _info(services, stored)
+    n_ctx = services.settings.context_length
+    if info is not None and info.context_length:
+        n_ctx = min(n_ctx, int(info.context_length))
+    template = (info.chat_template or "") if info else ""
+    files = services.store.files(stored)
+    modelfile = (
+        f"# Modelfile generated by \"llmman show\"\n# To build a new Modelfile based on this, replace FROM with:\n"
+        f"# FROM {stored.reference}\n\nFROM {files.model}\nTEMPLATE \"\"\"{template}\"\"\"\n"
+        f"PARAMETER num_ctx {n_ctx}\n"
+    )
+    return json_response(
+        {
+            "license": "",
+            "modelfile": modelfile,
+            "parameters": _parameters(n_ctx, []),
+            "template": template,
+            "details": details(info),
+            "model_info": model_info(info, verbose=verbose) if info is not None else {},
+            "capabilities": list(info.capabilities) if info is not None else ["completion"],
+            "modified_at": rfc3339(stored.modified_at, local=True),
+        }
+    )
+
+
+async def delete(request: Request) -> Response:
+    """``DELETE /api/delete``: unload if loaded, remove the reference, collect unused blobs."""
+    services = _services(request)
+    body = parse_json_body(await request.body())
+    name = _model_name(body)
+    resolved = services.gateway.resolve(name)
+    await services.scheduler.unload(resolved.stored.reference)
+    services.store.remove(parse_reference(resolved.stored.reference))
+    return Response(status_code=200)
+
+
+async def copy(request: Request) -> Response:
+    """``POST /api/copy {source, destination}``: a new name for the same manifest."""
+    services = _services(request)
+    body = parse_json_body(await request.body())
+    source, destination = body.get("source"), body.get("destination")
+    if not isinstance(source, str) or not source.strip():
+        raise BadRequest("source is required")
+    if not isinstance(destination, str) or not destination.strip():
+        raise BadRequest("destination is required")
+    aliases = services.settings.aliases
+    try:
+        resolved = services.gateway.resolve(source)
+    except ModelNotFound as exc:
+        raise ModelNotFound(source) from exc
+    services.store.tag(parse_reference(resolved.stored.reference), parse_reference(destination, aliases))
+    return Response(status_code=200)
+

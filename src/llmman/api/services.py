@@ -1,0 +1,20 @@
+"""The services a request handler may use, passed to the app at construction (no singletons)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmman.config import Settings
+from llmman.gateway import Gateway
+from llmman.scheduler import Scheduler
+from llmman.store import Store
+
+
+@dataclass(frozen=True)
+class Services:
+    """Everything the route handlers need: settings, the store, the scheduler and the gateway."""
+
+    settings: Settings
+    store: Store
+    scheduler: Scheduler
+    gateway: Gateway

@@ -1,0 +1,89 @@
+"""Verbs about the daemon itself and the configuration: ``serve``, ``ps``, ``stop``, ``config``.
+
+``ps`` and ``stop`` never start a daemon: with nothing running there is nothing loaded, and the
+error says how to start one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from llmman.cli.client import DaemonClient, DaemonUnreachable
+from llmman.errors import ConfigError
+
+if TYPE_CHECKING:
+    from llmman.config import Settings
+
+__all__ = ["cmd_config", "cmd_ps", "cmd_serve", "cmd_stop"]
+
+_START_HINT = "start it with 'llmman serve'"
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    """``llmman serve [MODEL]``: run the daemon in the foreground until SIGTERM/SIGINT."""
+    # Imported by name at run time: the daemon is the composition root and sits above the CLI in the
+    # layering contract, so the CLI must not import it statically.
+    daemon = importlib.import_module("llmman.daemon")
+    return int(daemon.serve(settings, preload=args.model))
+
+
+def _client(settings: Settings) -> DaemonClient:
+    return DaemonClient(settings.host.client_url())
+
+
+def cmd_ps(args: argparse.Namespace, settings: Settings) -> int:
+    """``llmman ps``: the loaded models as a table (NAME ID SIZE PROCESSOR CONTEXT STARTED [NODE] UNTIL)."""
+    from llmman.cli.tables import ps_table
+
+    with _client(settings) as client:
+        try:
+            models = client.ps()
+        except DaemonUnreachable as exc:
+            raise DaemonUnreachable(exc.url, _START_HINT) from None
+    sys.stdout.write(ps_table(models, datetime.now(UTC)))
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
+    """``llmman stop MODEL``: unload the model (``/api/generate`` with ``keep_alive: 0``)."""
+    with _client(settings) as client:
+        try:
+            client.unload(args.model)
+        except DaemonUnreachable as exc:
+            raise DaemonUnreachable(exc.url, _START_HINT) from None
+    return 0
+
+
+def _check_key(key: str) -> None:
+    """Refuse a key that is neither a setting nor ``aliases.<name>``, with the CLI's wording."""
+    from llmman.config import SETTINGS
+
+    section, _, name = key.partition(".")
+    if key in {spec.key for spec in SETTINGS} or (section == "aliases" and name.strip("\"'")):
+        return
+    raise ConfigError(f"unknown setting '{key}'")
+
+
+def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    """``llmman config list [--show-origin] | get KEY | set KEY VALUE | unset KEY``.
+
+    ``set`` and ``unset`` edit the user file (``~/.config/llmman/llmman.conf``), keeping its comments.
+    """
+    from llmman import config
+
+    if args.action == "list":
+        for key, value, origin in config.config_list(settings):
+            print(f"{origin}\t{key}={value}" if args.show_origin else f"{key}={value}")
+        return 0
+    _check_key(args.key)
+    if args.action == "get":
+        print(config.config_get(settings, args.key))
+    elif args.action == "set":
+        config.config_set(args.key, args.value, config.user_config_path())
+    else:
+        config.config_unset(args.key, config.user_config_path())
+    return 0

@@ -1,0 +1,180 @@
+"""``llmman``: the command line. argparse routes each verb to a handler in a ``commands_*`` module.
+
+Only argparse and the chosen handler's module are imported for a verb: ``ps`` and ``list`` pay for
+the config, the HTTP client (httpx, imported on first request) and the table formatters, nothing else.
+The daemon itself (``serve``) is imported only by ``serve``.
+
+Every handler takes ``(args, settings)`` and returns the exit status. A deliberate error
+(:class:`LlmmanError`) prints ``Error: <message>`` on stderr and exits 1; usage errors exit 2
+(argparse); Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from llmman import __version__
+
+if TYPE_CHECKING:
+    from llmman.config import Settings
+
+__all__ = ["build_parser", "load_cli_settings", "main"]
+
+Handler = Callable[[argparse.Namespace, "Settings"], int]
+
+# verb -> "module:function" (resolved lazily so a verb imports only what it needs).
+_HANDLERS = {
+    "serve": "commands_daemon:cmd_serve",
+    "run": "commands_run:cmd_run",
+    "ps": "commands_daemon:cmd_ps",
+    "stop": "commands_daemon:cmd_stop",
+    "config": "commands_daemon:cmd_config",
+    "list": "commands_store:cmd_list",
+    "rm": "commands_store:cmd_rm",
+    "tag": "commands_store:cmd_tag",
+    "show": "commands_store:cmd_show",
+    "inspect": "commands_store:cmd_inspect",
+    "build": "commands_store:cmd_build",
+}
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"invalid label {text!r} (expected KEY=VALUE)")
+    return key, value
+
+
+def _think(text: str) -> bool | str:
+    value = text.lower()
+    if value in ("true", "false"):
+        return value == "true"
+    if value in ("low", "medium", "high"):
+        return value
+    raise argparse.ArgumentTypeError(f"invalid think value {text!r} (true, false, low, medium or high)")
+
+
+def _verb(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_text: str,
+          *, store: bool = False, aliases: tuple[str, ...] = (), handler: str | None = None
+          ) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text, description=help_text, aliases=list(aliases))
+    parser.set_defaults(verb=handler or name)
+    if store:
+        # SUPPRESS: a value given before the verb (the global --store) is not overwritten by a default.
+        parser.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS, help="the model store")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argparse tree of verbs and flags."""
+    parser = argparse.ArgumentParser(prog="llmman", description="Run and manage local LLMs.")
+    parser.add_argument("--version", action="version", version=f"llmman {__version__}")
+    parser.add_argument("--store", metavar="DIR", default=None, help="the model store (LLMMAN_MODELS)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = _verb(sub, "serve", "Start the llmman daemon", store=True)
+    p.add_argument("model", nargs="?", help="a model to load at start")
+    p.add_argument("--host", help="address to listen on (LLMMAN_HOST)")
+
+    p = _verb(sub, "run", "Run a model: one prompt, or an interactive chat", store=True)
+    p.add_argument("model")
+    p.add_argument("prompt", nargs="*", help="the prompt (else stdin, or interactive); '--' before words that "
+                   "start with '-'")
+    p.add_argument("--think", type=_think, help="true, false, low, medium or high")
+    p.add_argument("--keepalive", metavar="DUR", help="how long to keep the model loaded (5m, 1h, -1)")
+    p.add_argument("--num-predict", type=int, metavar="N", help="maximum tokens to generate")
+
+    _verb(sub, "ps", "List loaded models")
+    p = _verb(sub, "stop", "Unload a model")
+    p.add_argument("model")
+
+    p = _verb(sub, "list", "List stored models", store=True, aliases=("ls",))
+    p.add_argument("filter", nargs="?", help="only this reference (any tag when untagged)")
+    p = _verb(sub, "rm", "Remove models", store=True)
+    p.add_argument("refs", nargs="+", metavar="REF")
+    for name in ("tag", "cp"):
+        p = _verb(sub, name, "Give a model another name", store=True, handler="tag")
+        p.add_argument("source", metavar="SRC")
+        p.add_argument("destination", metavar="DST")
+
+    p = _verb(sub, "show", "Show information about a model", store=True)
+    p.add_argument("model")
+    part = p.add_mutually_exclusive_group()
+    for flag in ("modelfile", "parameters", "template", "license"):
+        part.add_argument(f"--{flag}", action="store_true", help=f"show the model's {flag}")
+    p.add_argument("--verbose", "-v", action="store_true", help="show all metadata")
+
+    p = _verb(sub, "inspect", "Print a model's OCI manifest", store=True)
+    p.add_argument("ref")
+    p = _verb(sub, "build", "Package local GGUF files into the store", store=True)
+    p.add_argument("-t", "--tag", required=True, metavar="REF")
+    p.add_argument("-l", "--label", type=_label, action="append", default=[], metavar="K=V")
+    p.add_argument("path", nargs="?", default=".", metavar="PATH")
+
+    p = _verb(sub, "config", "Show or edit the configuration")
+    csub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    c = csub.add_parser("list", help="every setting with its value")
+    c.add_argument("--show-origin", action="store_true", help="where each value comes from")
+    c = csub.add_parser("get", help="one setting's value")
+    c.add_argument("key")
+    c = csub.add_parser("set", help="set a value in the user config file")
+    c.add_argument("key")
+    c.add_argument("value")
+    c = csub.add_parser("unset", help="remove a value from the user config file")
+    c.add_argument("key")
+    return parser
+
+
+def load_cli_settings(args: argparse.Namespace) -> Settings:
+    """The settings for this invocation: config files and environment, overridden by the flags."""
+    from llmman.config import load_settings
+
+    flags: dict[str, object] = {}
+    if getattr(args, "store", None):
+        flags["server.models"] = args.store
+    if getattr(args, "host", None):
+        flags["server.host"] = args.host
+    return load_settings(flags=flags)
+
+
+def resolve_handler(verb: str) -> Handler:
+    """The handler function for ``verb``, importing its module now."""
+    module_name, _, func = _HANDLERS[verb].partition(":")
+    module = importlib.import_module(f"llmman.cli.{module_name}")
+    handler: Handler = getattr(module, func)
+    return handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the verb, and return the exit status."""
+    from llmman.errors import LlmmanError
+
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_cli_settings(args)
+        return resolve_handler(args.verb)(args, settings)
+    except LlmmanError as exc:
+        _flush_stdout()
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        _flush_stdout()
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `llmman ls | head`: the reader went away; say nothing more, not even at interpreter exit.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass

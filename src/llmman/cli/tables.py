@@ -1,0 +1,246 @@
+"""Pure formatters for the CLI's tables: sizes, relative times, PROCESSOR, and column layout.
+
+Everything here is a function of its arguments (``now`` is passed in), so it is table-tested. The
+shapes follow Ollama's CLI (``cmd/cmd.go``, ``format/``) with llmman's columns:
+
+* ``ps``: NAME ID SIZE PROCESSOR CONTEXT STARTED [NODE] UNTIL — NODE only when an entry has one.
+* ``list``: NAME ID SIZE MODIFIED.
+
+Columns are left-aligned and separated by four spaces; the header is always printed; trailing spaces
+are trimmed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = [
+    "format_ago",
+    "format_size",
+    "format_until",
+    "list_table",
+    "processor",
+    "ps_table",
+    "render_table",
+    "short_id",
+    "to_datetime",
+]
+
+GAP = "    "
+_MINUTE = 60
+_HOUR = 3600
+_DAY = 86400
+# Ollama shows "Forever" for an expiry more than 20 years ahead (its "forever" is ~292 years ahead).
+_FOREVER_AFTER = 20 * 365 * _DAY
+
+
+def format_size(size: int | float) -> str:
+    """Bytes in decimal units with one decimal: ``999 B``, ``1.5 kB``, ``98.3 MB``, ``1.2 GB``, ``2.0 TB``."""
+    n = max(0, int(size))
+    for unit, factor in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= factor:
+            return f"{n / factor:.1f} {unit}"
+    return f"{n} B"
+
+
+def short_id(digest: str) -> str:
+    """The first 12 hex digits of a digest, with or without its ``sha256:`` prefix."""
+    return digest.split(":", 1)[-1][:12]
+
+
+def to_datetime(value: object) -> datetime | None:
+    """An aware datetime from an RFC 3339 string, unix seconds, or a datetime; None if unusable."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        try:
+            return datetime.fromtimestamp(value, tz=UTC)
+        except (OverflowError, OSError, ValueError):
+            return None
+    if isinstance(value, str) and value:
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
+
+
+def _plural(n: int, unit: str) -> str:
+    return f"{n} {unit}" if n == 1 else f"{n} {unit}s"
+
+
+def _span(seconds: float) -> str:
+    """``seconds >= 60`` as ``N minutes`` / ``N hours`` / ``N days`` / ``N weeks`` / ``N months`` /
+    ``N years`` (30-day months, 365-day years), singular for one."""
+    s = int(seconds)
+    if s < _HOUR:
+        return _plural(s // _MINUTE, "minute")
+    if s < _DAY:
+        return _plural(s // _HOUR, "hour")
+    if s < 7 * _DAY:
+        return _plural(s // _DAY, "day")
+    if s < 30 * _DAY:
+        return _plural(s // (7 * _DAY), "week")
+    if s < 365 * _DAY:
+        return _plural(s // (30 * _DAY), "month")
+    return _plural(s // (365 * _DAY), "year")
+
+
+def format_ago(value: object, now: datetime) -> str:
+    """A past time relative to ``now``: ``just now`` (< 60 s), ``1 minute ago``, ``5 minutes ago``,
+    ``3 hours ago``, ``yesterday`` (24–48 h), ``4 days ago``, ``2 weeks ago``, ``1 month ago``...
+
+    A time in the future counts as now; an unparseable one is ``unknown``.
+    """
+    when = to_datetime(value)
+    if when is None:
+        return "unknown"
+    seconds = max(0.0, (now - when).total_seconds())
+    if seconds < _MINUTE:
+        return "just now"
+    if _DAY <= seconds < 2 * _DAY:
+        return "yesterday"
+    return f"{_span(seconds)} ago"
+
+
+def format_until(value: object, now: datetime) -> str:
+    """An expiry relative to ``now``, as ``ollama ps`` UNTIL shows it.
+
+    ``Forever`` when missing or more than 20 years ahead; ``Stopping...`` when not in the future;
+    ``less than a minute from now``; else ``1 minute from now``, ``4 minutes from now``, ``2 hours from
+    now``, ``3 days from now``... Unparseable text is ``unknown``.
+    """
+    if value is None or value == "":
+        return "Forever"
+    when = to_datetime(value)
+    if when is None:
+        return "unknown"
+    seconds = (when - now).total_seconds()
+    if seconds > _FOREVER_AFTER:
+        return "Forever"
+    if seconds <= 0:
+        return "Stopping..."
+    if seconds < _MINUTE:
+        return "less than a minute from now"
+    return f"{_span(seconds)} from now"
+
+
+def processor(entry: Mapping[str, Any]) -> str:
+    """The PROCESSOR cell: the ``processor`` field when present, else Ollama's split of ``size_vram``
+    over ``size``: ``100% CPU``, ``100% GPU``, ``48%/52% CPU/GPU``, ``Unknown`` (more VRAM than size)."""
+    named = entry.get("processor")
+    if isinstance(named, str) and named:
+        return named
+    size = int(entry.get("size") or 0)
+    vram = int(entry.get("size_vram") or 0)
+    if vram > size:
+        return "Unknown"
+    if vram == 0:
+        return "100% CPU"
+    if vram == size:
+        return "100% GPU"
+    cpu = round((size - vram) / size * 100)
+    return f"{cpu}%/{100 - cpu}% CPU/GPU"
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns, four spaces apart, header first, trailing spaces trimmed; ends in a newline."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = []
+    for row in [list(headers), *rows]:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row)]
+        lines.append(GAP.join(cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def ps_table(models: Sequence[Mapping[str, Any]], now: datetime) -> str:
+    """The ``llmman ps`` table from ``/api/ps`` entries, in the daemon's order."""
+    with_node = any(m.get("node") for m in models)
+    headers = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "STARTED"]
+    if with_node:
+        headers.append("NODE")
+    headers.append("UNTIL")
+    rows = []
+    for m in models:
+        context = m.get("context_length")
+        started = m.get("started_at")
+        row = [
+            str(m.get("name") or m.get("model") or ""),
+            short_id(str(m.get("digest") or "")),
+            format_size(m.get("size") or 0),
+            processor(m),
+            str(context) if context else "",
+            format_ago(started, now) if started else "",
+        ]
+        if with_node:
+            row.append(str(m.get("node") or ""))
+        row.append(format_until(m.get("expires_at"), now))
+        rows.append(row)
+    return render_table(headers, rows)
+
+
+def list_table(models: Sequence[Mapping[str, Any]], now: datetime) -> str:
+    """The ``llmman list`` table from ``/api/tags``-shaped entries (``name``, ``digest``, ``size``,
+    ``modified_at`` as RFC 3339 or unix seconds)."""
+    rows = [
+        [
+            str(m.get("name") or m.get("model") or ""),
+            short_id(str(m.get("digest") or "")),
+            format_size(m.get("size") or 0),
+            format_ago(m.get("modified_at"), now),
+        ]
+        for m in models
+    ]
+    return render_table(["NAME", "ID", "SIZE", "MODIFIED"], rows)
+
+
+def _section(title: str, pairs: Sequence[tuple[str, str]], width: int = 20) -> list[str]:
+    lines = [f"  {title}"]
+    for key, value in pairs:
+        lines.append(f"    {key.ljust(width)}{value}".rstrip() if value else f"    {key}")
+    return [*lines, ""]
+
+
+def format_show(data: Mapping[str, Any], *, verbose: bool = False) -> str:
+    """The ``llmman show`` summary from an ``/api/show`` answer, laid out like ``ollama show``:
+    Model (architecture, parameters, context length, embedding length, quantization), Capabilities,
+    Parameters, License (first lines), and with ``verbose`` every ``model_info`` key as Metadata."""
+    details: Mapping[str, Any] = data.get("details") or {}
+    info: Mapping[str, Any] = data.get("model_info") or {}
+    arch = str(info.get("general.architecture") or details.get("family") or "")
+    model = [
+        ("architecture", arch),
+        ("parameters", str(details.get("parameter_size") or "")),
+        ("context length", str(info.get(f"{arch}.context_length") or "")),
+        ("embedding length", str(info.get(f"{arch}.embedding_length") or "")),
+        ("quantization", str(details.get("quantization_level") or "")),
+    ]
+    lines = _section("Model", [(k, v) for k, v in model if v])
+    capabilities = [str(c) for c in data.get("capabilities") or []]
+    if capabilities:
+        lines += _section("Capabilities", [(c, "") for c in capabilities])
+    params = [p.split(None, 1) for p in str(data.get("parameters") or "").splitlines() if p.strip()]
+    if params:
+        width = max(len(p[0]) for p in params) + 4
+        lines += _section("Parameters", [(p[0], p[1] if len(p) > 1 else "") for p in params], width)
+    license_lines = [line.strip() for line in str(data.get("license") or "").splitlines() if line.strip()]
+    if license_lines:
+        shown = license_lines[:2] + (["..."] if len(license_lines) > 2 else [])
+        lines += _section("License", [(line, "") for line in shown])
+    if verbose and info:
+        width = max(len(k) for k in info) + 4
+        lines += _section("Metadata", [(k, _short(info[k])) for k in sorted(info)], width)
+    return "\n".join(lines)
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,166 @@
+"""Composition root: settings -> store, scheduler, gateway -> HTTP server; signals and drain.
+
+``serve`` runs until SIGTERM or SIGINT. Then uvicorn stops accepting connections and lets
+in-flight requests finish for up to ``server.shutdown_grace`` seconds, after which every
+llama-server child is stopped (SIGTERM, grace, SIGKILL of its process group), so no child
+outlives the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import aiohttp
+import uvicorn
+
+from llmman.api.app import build_app
+from llmman.api.services import Services
+from llmman.config import Settings
+from llmman.errors import LlmmanError
+from llmman.gateway import Gateway
+from llmman.runner.argv import LaunchSpec, child_env
+from llmman.runner.binary import find_llama_server
+from llmman.runner.process import LlamaServerProcess
+from llmman.scheduler import Launcher, ModelPlan, Runner, Scheduler
+from llmman.store import Store
+
+log = logging.getLogger("llmman")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, except that a signal is not re-raised after the HTTP side stops: the
+    daemon still has to stop its llama-server children (uvicorn would otherwise kill the
+    process with the signal's default action before that cleanup runs)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self.handle_exit)
+        yield
+
+
+def _configure_logging(debug: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[llmman] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("llmman")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    root.propagate = False
+
+
+def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> Launcher:
+    """A launcher that starts one ``llama-server`` per plan with the settings' slots and timeouts.
+
+    Children get ``environ`` scrubbed of ``LLAMA_ARG_*`` (runner.argv.child_env), an empty
+    ``XDG_CONFIG_HOME``, and a log file ``<logs_dir>/<reference>.log``.
+    """
+    config_home = settings.data_dir / "llama-config"
+    config_home.mkdir(parents=True, exist_ok=True)
+    env = child_env(environ, config_home=config_home)
+
+    async def launch(plan: ModelPlan, on_exit: Callable[[Runner], None]) -> Runner:
+        spec = LaunchSpec(
+            model_path=Path(plan.model_path),
+            alias=plan.reference,
+            n_ctx=plan.n_ctx,
+            n_parallel=settings.num_parallel,
+            mmproj=Path(plan.mmproj_path) if plan.mmproj_path else None,
+        )
+        log_name = plan.reference.replace("/", "_").replace(":", "_") + ".log"
+        process = LlamaServerProcess(
+            binary,
+            spec,
+            env=env,
+            log_path=settings.logs_dir / log_name,
+            stall_timeout=settings.load_timeout,
+            on_exit=on_exit,
+        )
+        await process.start()
+        return process
+
+    return launch
+
+
+async def _preload(gateway: Gateway, name: str) -> None:
+    """``llmman serve MODEL``: load MODEL now and keep it loaded (keep_alive forever)."""
+    try:
+        lease = await gateway.acquire(gateway.resolve(name), keep_alive=math.inf, num_ctx=None)
+        lease.release()
+        log.info("preloaded %s", name)
+    except LlmmanError as exc:
+        log.error("preload of %s failed: %s", name, exc.message)
+
+
+async def run_server(settings: Settings, preload: str | None = None) -> int:
+    """Serve until a signal arrives; returns the process exit code."""
+    binary = find_llama_server(settings.llama_server, path_env=os.environ.get("PATH", ""))
+    store = Store(settings.models)
+    scheduler = Scheduler(
+        make_launcher(settings, binary, dict(os.environ)),
+        default_keep_alive=settings.keep_alive,
+    )
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=True)
+    session = aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        auto_decompress=False,
+    )
+    gateway = Gateway(store, scheduler, session, context_length=settings.context_length,
+                      aliases=settings.aliases)
+    app = build_app(Services(settings=settings, store=store, scheduler=scheduler, gateway=gateway))
+    config = uvicorn.Config(
+        app,
+        host=settings.host.bind_host,
+        port=settings.host.port,
+        loop="none",
+        http="httptools",
+        lifespan="off",
+        access_log=settings.debug,
+        log_level="debug" if settings.debug else "warning",
+        timeout_graceful_shutdown=int(max(1, settings.shutdown_grace)),
+        timeout_keep_alive=30,
+    )
+    server = _Server(config)
+    log.info("llmman %s using %s, store %s", _version(), binary, settings.models)
+    log.info("listening on %s", settings.host.client_url())
+    preload_task = asyncio.create_task(_preload(gateway, preload)) if preload else None
+    try:
+        await server.serve()
+    finally:
+        log.info("shutting down: stopping every llama-server")
+        if preload_task is not None:
+            preload_task.cancel()
+            with contextlib.suppress(BaseException):
+                await preload_task
+        await scheduler.close()
+        await session.close()
+    return 0 if server.started else 1
+
+
+def _version() -> str:
+    from llmman import __version__
+
+    return __version__
+
+
+def serve(settings: Settings, preload: str | None = None) -> int:
+    """Run the daemon in the foreground (``llmman serve [MODEL]``). Blocks; returns the exit code.
+
+    Raises:
+        LlmmanError: no llama-server binary could be found (before binding).
+    """
+    _configure_logging(settings.debug)
+    try:
+        import uvloop
+
+        return uvloop.run(run_server(settings, preload))
+    except ImportError:
+        return asyncio.run(run_server(settings, preload))

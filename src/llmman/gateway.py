@@ -1,0 +1,198 @@
+"""The data path of one inference request, whatever its dialect.
+
+``api/<dialect>`` parses the body, then asks the gateway to :meth:`Gateway.open` an upstream
+exchange: the model is resolved in the store, the scheduler hands out a lease (loading the
+model if needed), and the request goes to that model's ``llama-server``. The gateway returns
+once the upstream answered with its status line, so the API layer can still send a real HTTP
+status for failures before the first byte (Ollama's rule); after that it streams the body
+chunks and releases the lease when the stream ends, fails or the client goes away.
+
+Placement across an aggregation (a later issue) plugs in before :meth:`Gateway.plan`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+
+from llmman.errors import LlmmanError, ModelNotFound, NotFound, RunnerError
+from llmman.refs import Reference, parse_reference
+from llmman.scheduler import Lease, ModelPlan, Scheduler
+from llmman.store import Store, StoredModel
+
+log = logging.getLogger("llmman.gateway")
+
+HOP_HEADERS = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
+)
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A request's model name resolved against the store."""
+
+    requested: str
+    reference: Reference
+    stored: StoredModel
+
+
+class UpstreamExchange:
+    """An open request to a llama-server child whose status line has arrived.
+
+    Iterate :meth:`chunks` for the body bytes as they come; the lease and the connection are
+    released when the iteration ends for any reason, or by :meth:`close`.
+    """
+
+    def __init__(self, response: aiohttp.ClientResponse, lease: Lease) -> None:
+        self.status = response.status
+        self.headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS}
+        self.lease = lease
+        self._response = response
+        self._closed = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive (no buffering).
+
+        Raises:
+            RunnerError: the child closed the connection mid-body (it crashed or was killed).
+        """
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            raise RunnerError(f"llama-server for {self.lease.reference} stopped mid-answer: {exc}") from exc
+        finally:
+            self.close()
+
+    async def read(self) -> bytes:
+        """The whole body (for small error bodies); closes the exchange."""
+        try:
+            return await self._response.read()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            raise RunnerError(f"llama-server for {self.lease.reference} stopped mid-answer: {exc}") from exc
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release the connection and the lease. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._response.release()
+            self._response.close()
+            self.lease.release()
+
+
+class Gateway:
+    """Resolves models and opens upstream exchanges on their llama-server children.
+
+    Args:
+        store: the OCI store models are resolved in.
+        scheduler: hands out leases on loaded models.
+        session: the one pooled aiohttp client session for every child.
+        context_length: default per-slot context in tokens (``server.context_length``).
+        aliases: the ``[aliases]`` table for reference parsing.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        scheduler: Scheduler,
+        session: aiohttp.ClientSession,
+        *,
+        context_length: int,
+        aliases: dict[str, str],
+    ) -> None:
+        self.store = store
+        self.scheduler = scheduler
+        self._session = session
+        self._context_length = context_length
+        self._aliases = aliases
+
+    def resolve(self, name: str) -> ResolvedModel:
+        """Find ``name`` in the store (reference rules of SPEC B).
+
+        Raises:
+            ModelNotFound: 404 ``model '<name>' not found``, also for names that do not parse.
+        """
+        try:
+            ref = parse_reference(name, self._aliases)
+        except LlmmanError as exc:
+            raise ModelNotFound(name) from exc
+        stored = self.store.find(ref)
+        if stored is None:
+            raise ModelNotFound(name)
+        return ResolvedModel(requested=name, reference=ref, stored=stored)
+
+    def plan(self, model: ResolvedModel, num_ctx: int | None = None) -> ModelPlan:
+        """Build the scheduler's plan for ``model``: files, size and the per-slot context
+        (``num_ctx`` or the default, clamped to the GGUF's trained context)."""
+        files = self.store.files(model.stored)
+        info = self.store.info(model.stored)
+        n_ctx = num_ctx if num_ctx and num_ctx > 0 else self._context_length
+        if info.context_length:
+            n_ctx = min(n_ctx, int(info.context_length))
+        details: dict[str, object] = {
+            "parent_model": "",
+            "format": "gguf",
+            "family": info.family or info.architecture or "",
+            "families": [info.family or info.architecture or ""],
+            "parameter_size": info.parameter_size or "",
+            "quantization_level": info.quantization or "",
+        }
+        return ModelPlan(
+            reference=model.stored.reference,
+            digest=model.stored.digest,
+            size=model.stored.size,
+            n_ctx=max(n_ctx, 256),
+            model_path=str(files.model),
+            mmproj_path=str(files.mmproj) if files.mmproj else None,
+            details=details,
+        )
+
+    async def acquire(self, model: ResolvedModel, *, keep_alive: float | None, num_ctx: int | None) -> Lease:
+        """Lease ``model``'s child, loading it if needed (see :meth:`Scheduler.acquire`)."""
+        return await self.scheduler.acquire(self.plan(model, num_ctx), keep_alive=keep_alive)
+
+    async def open(
+        self,
+        model: ResolvedModel,
+        path: str,
+        body: bytes,
+        *,
+        keep_alive: float | None = None,
+        num_ctx: int | None = None,
+        content_type: str = "application/json",
+    ) -> UpstreamExchange:
+        """POST ``body`` to ``path`` on the model's child and wait for the status line.
+
+        The caller owns the returned exchange and must consume or close it.
+
+        Raises:
+            ModelNotFound, RunnerError: as :meth:`acquire`; RunnerError also when the child
+                refuses the connection (it died between the lease and the request).
+        """
+        lease = await self.acquire(model, keep_alive=keep_alive, num_ctx=num_ctx)
+        try:
+            response = await self._session.post(
+                lease.base_url + path,
+                data=body,
+                headers={"Content-Type": content_type, "Accept-Encoding": "identity"},
+                auto_decompress=False,
+            )
+        except aiohttp.ClientError as exc:
+            lease.release()
+            raise RunnerError(f"llama-server for {lease.reference} is not answering: {exc}") from exc
+        except BaseException:
+            lease.release()
+            raise
+        return UpstreamExchange(response, lease)
+
+    async def get_json(self, lease: Lease, path: str) -> object:
+        """GET a small JSON document from a leased child (e.g. ``/props``)."""
+        async with self._session.get(lease.base_url + path) as response:
+            if response.status != 200:
+                raise NotFound(f"{path} answered {response.status}")
+            return await response.json(content_type=None)

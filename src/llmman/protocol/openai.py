@@ -1,0 +1,107 @@
+"""Small helpers for the OpenAI dialect: error bodies, peeking at a request, ``GET /v1/models``.
+
+OpenAI requests are passed to llama-server byte for byte (reference/llmman.md §2.8), so llmman only reads
+``model`` and ``stream``. Error shape and types: reference/ollama.md §2, reference/llama-server.md §4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import orjson
+
+from llmman.errors import BadRequest
+
+__all__ = ["ModelEntry", "error_type", "models_list", "openai_error", "peek_model", "wants_stream"]
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One ``/v1/models`` entry: ``created`` in Unix seconds, ``context_length`` in tokens (None: unknown)."""
+
+    id: str
+    created: int
+    context_length: int | None = None
+    owned_by: str = "llmman"
+
+
+def error_type(status: int) -> str:
+    """The OpenAI/llama-server error ``type`` for an HTTP status (other 4xx: invalid_request_error, 5xx:
+    server_error)."""
+    if status in _TYPES:
+        return _TYPES[status]
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def openai_error(
+    message: str, *, status: int, type_: str | None = None, code: str | None = None
+) -> dict[str, object]:
+    """``{"error": {"message", "type", "param": None, "code"}}``, the shape the OpenAI SDKs parse.
+
+    ``type_`` defaults to :func:`error_type` of ``status``; ``code`` is e.g. ``"model_not_found"`` or None.
+    """
+    return {"error": {"message": message, "type": type_ or error_type(status), "param": None, "code": code}}
+
+
+def peek_model(raw: bytes) -> tuple[dict[str, object], str]:
+    """Parse an OpenAI request body just enough to route it: returns ``(body, model)``.
+
+    Raises:
+        BadRequest: the body is empty, not JSON or not an object (``We could not parse the JSON body of your
+            request.``), or ``model`` is missing/empty/not a string (``you must provide a model parameter``).
+    """
+    try:
+        body = orjson.loads(raw) if raw.strip() else None
+    except orjson.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict):
+        raise BadRequest("We could not parse the JSON body of your request. The API expects a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("you must provide a model parameter")
+    return body, model
+
+
+def wants_stream(body: Mapping[str, object]) -> bool:
+    """Whether an OpenAI request streams: only a literal ``"stream": true`` does (OpenAI's default: false)."""
+    return body.get("stream") is True
+
+
+def _field(entry: object, name: str) -> object:
+    return entry.get(name) if isinstance(entry, Mapping) else getattr(entry, name, None)
+
+
+def models_list(entries: Iterable[ModelEntry | Mapping[str, object] | object]) -> dict[str, object]:
+    """The ``GET /v1/models`` body: ``{"object": "list", "data": [{id, object: "model", created, owned_by,
+    context_length?, max_model_len?}]}``. ``data`` is ``[]`` when empty (never null, unlike Ollama).
+
+    Accepts :class:`ModelEntry`, mappings or any object with ``id``, ``created`` (int seconds) and
+    ``context_length`` (int or None) attributes; ``owned_by`` defaults to ``"llmman"``. ``max_model_len`` (the
+    vLLM name some clients read) repeats ``context_length``.
+    """
+    data: list[dict[str, object]] = []
+    for entry in entries:
+        created = _field(entry, "created")
+        item: dict[str, object] = {
+            "id": str(_field(entry, "id")),
+            "object": "model",
+            "created": created if isinstance(created, int) and not isinstance(created, bool) else 0,
+            "owned_by": str(_field(entry, "owned_by") or "llmman"),
+        }
+        ctx = _field(entry, "context_length")
+        if isinstance(ctx, int) and not isinstance(ctx, bool):
+            item["context_length"] = ctx
+            item["max_model_len"] = ctx
+        data.append(item)
+    return {"object": "list", "data": data}

