@@ -125,7 +125,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         lifespan="off",
         access_log=settings.debug,
         log_level="debug" if settings.debug else "warning",
-        timeout_graceful_shutdown=int(max(1, settings.shutdown_grace)),
+        timeout_graceful_shutdown=int(min(max(1.0, settings.shutdown_grace), 86400.0)),
         timeout_keep_alive=30,
     )
     server = _Server(config)

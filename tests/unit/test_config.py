@@ -228,9 +228,9 @@ def test_flags(files: tuple[Path, Path]) -> None:
     assert s.origins["server.host"] == "env LLMMAN_HOST"
     assert (s.models, s.num_parallel, s.debug, s.keep_alive) == (Path("/srv/store"), 2, True, math.inf)
     assert s.origins["server.models"] == "flag"
-    with pytest.raises(ConfigError, match="unknown configuration key 'server.nope'"):
+    with pytest.raises(ConfigError, match=r"unknown configuration key 'server\.nope'"):
         load(files, server__nope="1")
-    with pytest.raises(ConfigError, match="server.num_parallel"):
+    with pytest.raises(ConfigError, match=r"server\.num_parallel"):
         load(files, server__num_parallel="x")
 
 

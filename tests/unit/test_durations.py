@@ -76,7 +76,7 @@ def test_parse_duration_rejects_other_types(value: object) -> None:
 
 
 def test_parse_duration_names_the_field() -> None:
-    with pytest.raises(BadRequest, match="invalid server.load_timeout: unsupported type 'bool'"):
+    with pytest.raises(BadRequest, match=r"invalid server\.load_timeout: unsupported type 'bool'"):
         parse_duration(True, what="server.load_timeout")
 
 

@@ -23,15 +23,9 @@ from llmman.durations import parse_duration
 from llmman.errors import LlmmanError
 from llmman.gateway import UpstreamExchange
 from llmman.protocol.framing import SSEDecoder, ndjson
-from llmman.protocol.ollama import (
-    OllamaStream,
-    UpstreamRequest,
-    chat_request,
-    error_line,
-    generate_request,
-    load_response,
-    parse_json_body,
-)
+from llmman.protocol.ollama import parse_json_body
+from llmman.protocol.ollama_request import UpstreamRequest, chat_request, generate_request
+from llmman.protocol.ollama_stream import OllamaStream, error_line, load_response
 
 log = logging.getLogger("llmman.api.ollama")
 

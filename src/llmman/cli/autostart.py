@@ -101,7 +101,12 @@ def ensure_server(
     child = spawn_daemon(log_path, store=store, command=command)
     # Reap the child when it ends so it never lingers as a zombie while we poll.
     exited = threading.Event()
-    threading.Thread(target=lambda: (child.wait(), exited.set()), daemon=True).start()
+
+    def reap() -> None:
+        child.wait()
+        exited.set()
+
+    threading.Thread(target=reap, name="llmman-serve-reaper", daemon=True).start()
     deadline = time.monotonic() + timeout
     while True:
         if client.ping():

@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _verb(sub, "run", "Run a model: one prompt, or an interactive chat", store=True)
     p.add_argument("model")
-    p.add_argument("prompt", nargs="*", help="the prompt (else stdin, or interactive); '--' before words that "
-                   "start with '-'")
+    p.add_argument("prompt", nargs="*", default=[],
+                   help="the prompt (else stdin, or interactive); '--' before words that start with '-'")
     p.add_argument("--think", type=_think, help="true, false, low, medium or high")
     p.add_argument("--keepalive", metavar="DUR", help="how long to keep the model loaded (5m, 1h, -1)")
     p.add_argument("--num-predict", type=int, metavar="N", help="maximum tokens to generate")

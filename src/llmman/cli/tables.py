@@ -18,6 +18,7 @@ from typing import Any
 
 __all__ = [
     "format_ago",
+    "format_show",
     "format_size",
     "format_until",
     "list_table",

@@ -1,0 +1,37 @@
+"""Media types and annotation keys of the OCI image layout and of the model artifacts llmman stores.
+
+Sources: OCI image-spec 1.1 (image-layout.md, image-index.md, manifest.md, annotations.md), CNCF ModelPack
+(modelpack/model-spec docs/spec.md, annotations.md), Docker Model Runner artifacts (model-distribution).
+"""
+
+from __future__ import annotations
+
+IMAGE_LAYOUT_VERSION = "1.0.0"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_MANIFEST_LIST})
+MANIFEST_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
+
+# CNCF ModelPack
+MODEL_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
+MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
+MODEL_WEIGHT_RAW = "application/vnd.cncf.model.weight.v1.raw"
+MODEL_DOC_RAW = "application/vnd.cncf.model.doc.v1.raw"
+MODEL_WEIGHT_PREFIX = "application/vnd.cncf.model.weight."
+MODEL_DOC_PREFIX = "application/vnd.cncf.model.doc."
+
+# Docker Model Runner (docker.io/ai/*)
+DOCKER_AI_CONFIG = "application/vnd.docker.ai.model.config.v0.1+json"
+DOCKER_AI_GGUF = "application/vnd.docker.ai.gguf.v3"
+DOCKER_AI_MMPROJ = "application/vnd.docker.ai.mmproj"
+DOCKER_AI_LICENSE = "application/vnd.docker.ai.license"
+
+# Annotations
+REF_NAME = "org.opencontainers.image.ref.name"
+TITLE = "org.opencontainers.image.title"
+CREATED = "org.opencontainers.image.created"
+FILEPATH = "org.cncf.model.filepath"
+ROLE = "ai.llmman.role"
+ROLE_MMPROJ = "mmproj"

@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""A small fake llama-server for timing and fault-injection tests (standard library only).
+
+Run it like the real one: ``python fake_llama_server.py -m MODEL --host H --port P [-a ALIAS] [-c N]
+[-np N] [--metrics] [other llama-server flags, ignored]``. ``--port 0`` binds a free port; the port is
+printed in the ``HTTP server is listening`` line right after binding. It binds first, answers every
+route 503 ``Loading model`` while "loading", then serves. Logs go to stderr in llama-server's style
+(``srv  load_model: ...``, ``main: model loaded``, ``srv  llama_server: listening on http://H:P``);
+``/health`` polls are not logged (so they never reset a caller's stall timer).
+
+Environment variables:
+    FAKE_LOAD_DELAY=S          seconds of "loading" (``/health`` 503) before ready; default 0. A line is
+                               printed every FAKE_LOAD_LOG_INTERVAL seconds (default 0.1) meanwhile.
+    FAKE_EXIT_ON_LOAD=N        print a few load-error lines and exit with code N while loading.
+    FAKE_SILENT_HANG=1         print nothing at all and never become ready (stall-timeout tests).
+    FAKE_CRASH_AFTER_TOKENS=N  SIGKILL itself after sending N generated tokens in one response.
+    FAKE_IGNORE_SIGTERM=1      ignore SIGTERM (only SIGKILL stops it). Otherwise SIGTERM exits 0.
+    FAKE_TOKEN_DELAY=S         seconds between generated tokens; default 0.
+    FAKE_REPLY=TEXT            the answer; default "Hello from the fake llama-server.". Tokens are its
+                               words (each with its leading space).
+
+Endpoints: ``GET /health``, ``/v1/health``, ``/props``, ``/v1/models`` (= ``/models``), ``/metrics``
+(with ``--metrics``), ``POST /v1/chat/completions`` (= ``/chat/completions``) and ``/v1/completions``,
+streaming (SSE shaped like llama-server: role chunk, one chunk per token, a finish chunk, a usage chunk
+when ``stream_options.include_usage``, ``timings`` on the last, then ``data: [DONE]``) or not;
+``max_tokens`` / ``max_completion_tokens`` / ``n_predict`` truncate with ``finish_reason: "length"``.
+Test-only: ``GET /fake/env`` (the process environment as JSON) and ``GET /fake/argv``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+SILENT = os.environ.get("FAKE_SILENT_HANG") == "1"
+REPLY = os.environ.get("FAKE_REPLY", "Hello from the fake llama-server.")
+TOKEN_DELAY = float(os.environ.get("FAKE_TOKEN_DELAY", "0"))
+CRASH_AFTER = int(os.environ.get("FAKE_CRASH_AFTER_TOKENS", "-1"))
+LOADING_BODY = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+
+
+def log(text: str) -> None:
+    if not SILENT:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
+def make_launcher(directory: Path, python: str = sys.executable) -> Path:
+    """Write ``directory/llama-server``, a shell script that execs this fake (same pid), and return it."""
+    path = directory / "llama-server"
+    path.write_text(f'#!/bin/sh\nexec "{python}" "{Path(__file__).resolve()}" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+class Settings:
+    def __init__(self, argv: list[str]) -> None:
+        def opt(*names: str, default: str) -> str:
+            for i, arg in enumerate(argv[:-1]):
+                if arg in names:
+                    return argv[i + 1]
+            return default
+
+        self.argv = argv
+        self.model = opt("-m", "--model", default="model.gguf")
+        self.alias = opt("-a", "--alias", default="")
+        self.host = opt("--host", default="127.0.0.1")
+        self.port = int(opt("--port", default="8080"))
+        n_ctx = int(opt("-c", "--ctx-size", default="4096"))
+        np_given = any(a in ("-np", "--parallel") for a in argv)
+        self.slots = int(opt("-np", "--parallel", default="4"))
+        self.unified = not np_given or any(a in ("-kvu", "--kv-unified") for a in argv)
+        self.n_ctx_slot = n_ctx if self.unified else n_ctx // self.slots
+        self.metrics = "--metrics" in argv
+        self.model_id = self.alias.split(",")[0] if self.alias else self.model
+
+
+class State:
+    ready = threading.Event()
+    requests = 0
+    lock = threading.Lock()
+
+
+def tokens_of(text: str) -> list[str]:
+    return re.findall(r"\s*\S+", text)
+
+
+def count_prompt(body: dict[str, Any]) -> int:
+    if "messages" in body:
+        parts = [m.get("content") for m in body["messages"] if isinstance(m, dict)]
+        text = " ".join(p if isinstance(p, str) else json.dumps(p) for p in parts if p is not None)
+    else:
+        text = str(body.get("prompt", ""))
+    return max(1, len(tokens_of(text)))
+
+
+def timings(prompt_n: int, predicted_n: int) -> dict[str, Any]:
+    return {
+        "cache_n": 0, "prompt_n": prompt_n, "prompt_ms": 1.0 * prompt_n, "prompt_per_token_ms": 1.0,
+        "prompt_per_second": 1000.0, "predicted_n": predicted_n, "predicted_ms": 2.0 * predicted_n,
+        "predicted_per_token_ms": 2.0, "predicted_per_second": 500.0,
+    }  # fmt: skip
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "llama.cpp"
+    sys_version = ""
+    settings: Settings
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # request lines are logged by handle_* in llama-server's style instead
+
+    # ------------------------------------------------------------------------------------- helpers
+    def send_json(self, status: int, obj: Any, content_type: str = "application/json") -> None:
+        data = (obj if isinstance(obj, str) else json.dumps(obj)).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        if not self.path.endswith("health"):
+            log(f"srv  log_server_r: request: {self.command} {self.path} 127.0.0.1 {status}")
+
+    def send_error_json(self, status: int, message: str, kind: str) -> None:
+        self.send_json(status, {"error": {"code": status, "message": message, "type": kind}})
+
+    def chunk(self, obj: Any) -> None:
+        payload = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+        self.wfile.flush()
+
+    # -------------------------------------------------------------------------------------- routes
+    def do_GET(self) -> None:
+        s = self.settings
+        path = self.path.split("?")[0]
+        if path == "/fake/env":
+            return self.send_json(200, dict(os.environ))
+        if path == "/fake/argv":
+            return self.send_json(200, s.argv)
+        if not State.ready.is_set():
+            return self.send_json(503, LOADING_BODY)
+        if path in ("/health", "/v1/health"):
+            return self.send_json(200, {"status": "ok"})
+        if path == "/props":
+            return self.send_json(200, {
+                "default_generation_settings": {"n_ctx": s.n_ctx_slot, "params": {}},
+                "total_slots": s.slots, "model_alias": s.model_id, "model_path": s.model,
+                "build_info": "b0-fake", "is_sleeping": False,
+                "modalities": {"vision": False, "audio": False, "video": False},
+            })  # fmt: skip
+        if path in ("/v1/models", "/models"):
+            meta = {"n_ctx": s.n_ctx_slot, "n_ctx_train": 8192, "n_params": 1000, "size": 1000}
+            entry = {"id": s.model_id, "object": "model", "created": int(time.time()),
+                     "owned_by": "llamacpp", "aliases": [s.model_id], "meta": meta}  # fmt: skip
+            return self.send_json(200, {"object": "list", "data": [entry]})
+        if path == "/metrics" and s.metrics:
+            text = f"llamacpp:requests_processing 0\nllamacpp:n_decode_total {State.requests}\n"
+            return self.send_json(200, text, "text/plain; version=0.0.4")
+        return self.send_error_json(404, "File Not Found", "not_found_error")
+
+    def do_POST(self) -> None:
+        path = self.path.split("?")[0]
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if not State.ready.is_set():
+            return self.send_json(503, LOADING_BODY)
+        chat = path in ("/v1/chat/completions", "/chat/completions")
+        if not chat and path != "/v1/completions":
+            return self.send_error_json(404, "File Not Found", "not_found_error")
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("request body must be a JSON object")
+        except ValueError as exc:
+            return self.send_error_json(400, f"Failed to parse JSON: {exc}", "invalid_request_error")
+        if chat and not isinstance(body.get("messages"), list):
+            return self.send_error_json(400, "'messages' is required", "invalid_request_error")
+        with State.lock:
+            State.requests += 1
+        self.complete(body, chat)
+
+    def complete(self, body: dict[str, Any], chat: bool) -> None:
+        tokens = tokens_of(REPLY)
+        limit = body.get("max_completion_tokens", body.get("max_tokens", body.get("n_predict")))
+        finish = "stop"
+        if isinstance(limit, int) and 0 <= limit < len(tokens):
+            tokens, finish = tokens[:limit], "length"
+        prompt_n = count_prompt(body)
+        usage = {"completion_tokens": len(tokens), "prompt_tokens": prompt_n,
+                 "total_tokens": prompt_n + len(tokens),
+                 "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}" if chat else f"cmpl-{uuid.uuid4().hex[:24]}",
+                "created": int(time.time()), "model": self.settings.model_id,
+                "system_fingerprint": "b0-fake"}  # fmt: skip
+        if not body.get("stream"):
+            for n in range(1, len(tokens) + 1):
+                self.pace(n)
+            text = "".join(tokens)
+            choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            obj = "chat.completion" if chat else "text_completion"
+            answer = {**base, "object": obj, "choices": [choice], "usage": usage}
+            return self.send_json(200, {**answer, "timings": timings(prompt_n, len(tokens))})
+        self.stream(base, tokens, finish, usage, prompt_n, chat, body)
+
+    def stream(self, base: dict[str, Any], tokens: list[str], finish: str, usage: dict[str, Any],
+               prompt_n: int, chat: bool, body: dict[str, Any]) -> None:  # fmt: skip
+        self.send_response(200)
+        for name, value in (("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
+                            ("X-Accel-Buffering", "no"), ("Transfer-Encoding", "chunked")):  # fmt: skip
+            self.send_header(name, value)
+        self.end_headers()
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def piece(text: str | None, reason: str | None, first: bool = False) -> dict[str, Any]:
+            if not chat:
+                return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": reason}
+            delta: dict[str, Any] = {"role": "assistant", "content": None} if first else {}
+            if text is not None and not first:
+                delta["content"] = text
+            return {"index": 0, "finish_reason": reason, "delta": delta}
+
+        with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        try:
+            if chat:
+                self.chunk({**base, "object": obj, "choices": [piece(None, None, first=True)]})
+            for n, token in enumerate(tokens, start=1):
+                self.chunk({**base, "object": obj, "choices": [piece(token, None)]})
+                self.pace(n)
+            final: dict[str, Any] = {**base, "object": obj, "choices": [piece(None, finish)]}
+            timing = timings(prompt_n, len(tokens))
+            if with_usage:
+                self.chunk(final)
+                final = {**base, "object": obj, "choices": [], "usage": usage}
+            self.chunk({**final, "timings": timing})
+            self.chunk(b"[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            log("srv          stop: client disconnected, cancelling task")
+            self.close_connection = True
+
+    def pace(self, n: int) -> None:
+        """Called after the n-th token: crash or wait as the environment says."""
+        if n == CRASH_AFTER:
+            log(f"srv  fake: crashing after {n} tokens (FAKE_CRASH_AFTER_TOKENS)")
+            os.kill(os.getpid(), signal.SIGKILL)
+        if TOKEN_DELAY > 0:
+            time.sleep(TOKEN_DELAY)
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    log("srv    operator(): operator(): cleaning up before exit...")
+    os._exit(0)
+
+
+def main(argv: list[str]) -> int:
+    settings = Settings(argv)
+    Handler.settings = settings
+    if os.environ.get("FAKE_IGNORE_SIGTERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    log("build: 0 (fake) with the standard library")
+    log(f"main: fake llama-server, pid {os.getpid()}")
+    server_class = type("Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+    if ":" not in settings.host:
+        server_class = ThreadingHTTPServer
+    try:
+        server = server_class((settings.host, settings.port), Handler)
+    except OSError as exc:
+        log(f"srv    llama_server: couldn't bind HTTP server socket, hostname: {settings.host}, "
+            f"port: {settings.port} ({exc.strerror})")  # fmt: skip
+        return 1
+    server.daemon_threads = True
+    port = server.server_address[1]
+    log(f"main: HTTP server is listening, hostname: {settings.host}, port: {port}, http threads: 4")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    log(f"srv    load_model: loading model '{settings.model}'")
+    if SILENT:
+        threading.Event().wait()
+    exit_code = os.environ.get("FAKE_EXIT_ON_LOAD")
+    if exit_code is not None:
+        log(f"llama_model_load: error loading model: fake failure for '{settings.model}'")
+        log(f"srv    load_model: failed to load model, '{settings.model}'")
+        log("srv    llama_server: exiting due to model loading error")
+        return int(exit_code)
+    delay = float(os.environ.get("FAKE_LOAD_DELAY", "0"))
+    interval = float(os.environ.get("FAKE_LOAD_LOG_INTERVAL", "0.1"))
+    deadline = time.monotonic() + delay
+    step = 0
+    while (left := deadline - time.monotonic()) > 0:
+        step += 1
+        log(f"load_tensors: loading model tensors, fake progress step {step}")
+        time.sleep(min(interval, left))
+    s = settings
+    log(f"srv    load_model: initializing slots, n_slots = {s.slots}, n_ctx_slot = {s.n_ctx_slot},"
+        f" kv_unified = '{str(s.unified).lower()}'")  # fmt: skip
+    log("main: model loaded")
+    State.ready.set()
+    log(f"srv  llama_server: listening on http://{settings.host}:{port}")
+    threading.Event().wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,109 @@
+"""Start real ``llmman serve`` daemons as subprocesses for integration tests.
+
+Each daemon gets its own HOME, store, config and loopback port, so tests never touch the user's
+files and can run several daemons side by side.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Daemon:
+    """A running ``llmman serve`` subprocess."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    home: Path
+    store: Path
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def client(self, timeout: float | None = 120.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=timeout)
+
+    def children(self) -> list[psutil.Process]:
+        """llama-server processes started by this daemon (its direct children)."""
+        try:
+            parent = psutil.Process(self.process.pid)
+            return [c for c in parent.children(recursive=True) if _is_llama(c)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=timeout)
+
+
+def _is_llama(proc: psutil.Process) -> bool:
+    try:
+        return "llama-server" in " ".join(proc.cmdline()) or "fake_llama_server" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+def start_daemon(tmp: Path, *, extra_env: Mapping[str, str] | None = None, host: str = "127.0.0.1",
+                 args: list[str] | None = None, ready_timeout: float = 60.0) -> Daemon:
+    """Start ``python -m llmman serve`` with an isolated HOME/store; return once ``/api/version`` answers.
+
+    Raises:
+        RuntimeError: the daemon exited or did not answer in time (its log is in the message).
+    """
+    home = tmp / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    store = tmp / "store"
+    port = free_port(host)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMMAN_", "OLLAMA_"))}
+    env.update(
+        HOME=str(home),
+        XDG_CONFIG_HOME=str(home / ".config"),
+        XDG_DATA_HOME=str(home / ".local" / "share"),
+        LLMMAN_HOST=f"{host}:{port}",
+        LLMMAN_MODELS=str(store),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra_env or {})
+    log = tmp / "daemon.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "llmman", "serve", *(args or [])],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp,
+        )
+    daemon = Daemon(process=process, url=f"http://{host}:{port}", home=home, store=store, log=log, env=env)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"llmman serve exited with {process.returncode}:\n{daemon.log_text()}")
+        try:
+            if httpx.get(daemon.url + "/api/version", timeout=1.0).status_code == 200:
+                return daemon
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)  # polling for readiness of a subprocess; the event is the port answering
+    process.kill()
+    raise RuntimeError(f"llmman serve did not answer within {ready_timeout}s:\n{daemon.log_text()}")
