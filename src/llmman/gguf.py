@@ -22,11 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from llmman.errors import GGUFError
 
-__all__ = ["ArraySummary", "GGUFInfo", "TensorInfo", "merge_split", "model_info", "read_array", "read_gguf"]
+__all__ = [
+    "ArraySummary", "GGUFInfo", "TensorInfo", "clear_cache", "human_number", "merge_split", "model_info",
+    "read_array", "read_gguf", "with_capability",
+]
 
 MAGIC = b"GGUF"
 SMALL_ARRAY = 64  # arrays with at most this many elements are kept as lists
@@ -97,7 +100,16 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class GGUFInfo:
-    """What llmman needs from a GGUF header. Sizes in bytes; lengths in tokens."""
+    """What llmman needs from a GGUF header. Sizes in bytes; lengths in tokens.
+
+    ``quantization`` is Ollama's ``quantization_level`` (``Q4_K_M``; from ``general.file_type``, else the
+    most common weight tensor type); ``parameter_count`` is Σ Π dims over the tensors of this file (use
+    :func:`merge_split` for split models); ``parameter_size`` is ``general.size_label`` when present, else
+    Ollama's human form (``134.52M``, ``7.6B``). ``head_count``/``head_count_kv`` are a tuple when stored per
+    layer. ``capabilities`` uses Ollama's names; "vision" is added by the store when an mmproj exists.
+    ``metadata`` holds every KV, arrays over 64 elements as :class:`ArraySummary`. ``tensor_bytes`` is the
+    tensor data size (file size minus header when a tensor type is unknown); ``file_size`` the file's.
+    """
 
     path: Path
     version: int
@@ -153,7 +165,7 @@ class _Reader:
         self._off += n
         return data
 
-    def unpack(self, st: struct.Struct) -> tuple[object, ...]:
+    def unpack(self, st: struct.Struct) -> tuple[Any, ...]:
         if self._off + st.size > len(self._buf):
             self._fill(st.size)
         value = st.unpack_from(self._buf, self._off)
@@ -161,10 +173,10 @@ class _Reader:
         return value
 
     def u32(self) -> int:
-        return int(self.unpack(_U32)[0])  # type: ignore[call-overload]
+        return int(self.unpack(_U32)[0])
 
     def u64(self) -> int:
-        return int(self.unpack(_U64)[0])  # type: ignore[call-overload]
+        return int(self.unpack(_U64)[0])
 
     def skip(self, n: int) -> None:
         if self.tell() + n > self.size:
@@ -233,6 +245,12 @@ def read_array(path: Path, summary: ArraySummary) -> list[object]:
 _cache: OrderedDict[tuple[str, int, int], GGUFInfo] = OrderedDict()
 _cache_lock = threading.Lock()
 _CACHE_SIZE = 128
+
+
+def clear_cache() -> None:
+    """Forget every cached :func:`read_gguf` result (benchmarks; files are re-read when they change)."""
+    with _cache_lock:
+        _cache.clear()
 
 
 def read_gguf(path: Path) -> GGUFInfo:

@@ -282,8 +282,9 @@ def main(argv: list[str]) -> int:
     try:
         server = server_class((settings.host, settings.port), Handler)
     except OSError as exc:
-        log(f"srv    llama_server: couldn't bind HTTP server socket, hostname: {settings.host}, "
+        log(f"srv         start: couldn't bind HTTP server socket, hostname: {settings.host}, "
             f"port: {settings.port} ({exc.strerror})")  # fmt: skip
+        log("srv  llama_server: exiting due to HTTP server error")
         return 1
     server.daemon_threads = True
     port = server.server_address[1]

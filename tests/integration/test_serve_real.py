@@ -13,6 +13,7 @@ from datetime import datetime
 import httpx
 import ollama
 import openai
+import psutil
 import pytest
 
 from tests.integration.conftest import MODEL_NAME, MODEL_REF
@@ -207,7 +208,7 @@ def test_sigterm_leaves_no_child(tmp_path_factory: pytest.TempPathFactory, model
     children = d.children()
     assert len(children) == 1
     assert d.stop(signal.SIGTERM) == 0
-    gone, alive = __import__("psutil").wait_procs(children, timeout=15)
+    _gone, alive = psutil.wait_procs(children, timeout=15)
     assert alive == []
     with pytest.raises(httpx.TransportError):
         httpx.get(d.url + "/api/version", timeout=2)

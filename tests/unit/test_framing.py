@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import orjson
@@ -114,16 +115,16 @@ def test_parse_data_rejects_non_objects(data: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "wire"),
+    ("obj", "event", "wire"),
     [
-        (({"a": 1},), b'data: {"a":1}\n\n'),
-        (("[DONE]",), SSE_DONE),
-        (("x\ny",), b"data: x\ndata: y\n\n"),
-        (({"t": "é"}, "message_start"), 'event: message_start\ndata: {"t":"é"}\n\n'.encode()),
+        ({"a": 1}, None, b'data: {"a":1}\n\n'),
+        ("[DONE]", None, SSE_DONE),
+        ("x\ny", None, b"data: x\ndata: y\n\n"),
+        ({"t": "é"}, "message_start", 'event: message_start\ndata: {"t":"é"}\n\n'.encode()),
     ],
 )
-def test_sse_encoder(args: tuple[object, ...], wire: bytes) -> None:
-    assert sse(*args) == wire
+def test_sse_encoder(obj: object, event: str | None, wire: bytes) -> None:
+    assert sse(obj, event) == wire
 
 
 def test_sse_encoder_round_trips_through_decoder() -> None:
@@ -175,5 +176,5 @@ def test_any_chunking_round_trips(objs: list[dict[str, object]], cuts: list[int]
     nd_wire = b"".join(ndjson(o) for o in objs)
     for wire, decode in ((sse_wire, lambda c: [parse_data(e) for e in _sse_all(c)]), (nd_wire, _ndjson_all)):
         points = sorted({c % (len(wire) + 1) for c in cuts} | {0, len(wire)})
-        chunks = [wire[a:b] for a, b in zip(points, points[1:], strict=False)]
+        chunks = [wire[a:b] for a, b in itertools.pairwise(points)]
         assert decode(chunks) == objs

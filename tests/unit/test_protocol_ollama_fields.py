@@ -42,8 +42,13 @@ def test_parse_json_body_ok() -> None:
 
 @pytest.mark.parametrize(
     ("body", "error"),
-    [({}, "model is required"), ({"model": ""}, "model is required"), ({"model": None}, "model is required"),
-     ({"model": 3}, "model must be a string"), ({"model": ["a"]}, "model must be a string")],
+    [
+        ({}, "model is required"),
+        ({"model": ""}, "model is required"),
+        ({"model": None}, "model is required"),
+        ({"model": 3}, "model must be a string"),
+        ({"model": ["a"]}, "model must be a string"),
+    ],
 )
 def test_require_model_errors(body: dict[str, object], error: str) -> None:
     with pytest.raises(BadRequest, match=error):
@@ -59,18 +64,24 @@ def test_require_model_returns_the_string_as_sent() -> None:
     [
         (None, {}),
         ({}, {}),
-        ({"temperature": 0, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "typical_p": 1},
-         {"temperature": 0, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "typical_p": 1}),
-        ({"repeat_penalty": 1.1, "repeat_last_n": 64, "presence_penalty": 0.5, "frequency_penalty": -0.5},
-         {"repeat_penalty": 1.1, "repeat_last_n": 64, "presence_penalty": 0.5, "frequency_penalty": -0.5}),
+        (
+            {"temperature": 0, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "typical_p": 1},
+            {"temperature": 0, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "typical_p": 1},
+        ),
+        (
+            {"repeat_penalty": 1.1, "repeat_last_n": 64, "presence_penalty": 0.5, "frequency_penalty": -0.5},
+            {"repeat_penalty": 1.1, "repeat_last_n": 64, "presence_penalty": 0.5, "frequency_penalty": -0.5},
+        ),
         ({"seed": 42, "stop": ["\n", "User:"]}, {"seed": 42, "stop": ["\n", "User:"]}),
         ({"stop": "END"}, {"stop": ["END"]}),
         ({"num_predict": 128}, {"max_tokens": 128}),
         ({"num_predict": 0}, {"max_tokens": 0}),
         ({"num_predict": -1}, {}),
         ({"num_predict": -2}, {}),
-        ({"mirostat": 2, "mirostat_tau": 5, "mirostat_eta": 0.1},
-         {"mirostat": 2, "mirostat_tau": 5, "mirostat_eta": 0.1}),
+        (
+            {"mirostat": 2, "mirostat_tau": 5, "mirostat_eta": 0.1},
+            {"mirostat": 2, "mirostat_tau": 5, "mirostat_eta": 0.1},
+        ),
         ({"num_keep": 4}, {"n_keep": 4}),
         ({"top_k": 40.0}, {"top_k": 40}),
         ({"temperature": None}, {}),
@@ -114,10 +125,14 @@ def test_option_type_errors(options: object, message: str) -> None:
     [
         (None, RunnerOptions()),
         ({"temperature": 0.1}, RunnerOptions()),
-        ({"num_ctx": 8192, "num_batch": 512, "num_gpu": 0, "main_gpu": 1, "num_thread": 4},
-         RunnerOptions(num_ctx=8192, num_batch=512, num_gpu=0, main_gpu=1, num_thread=4)),
-        ({"use_mmap": False, "use_mlock": True, "num_ctx": 4096.0},
-         RunnerOptions(num_ctx=4096, use_mmap=False, use_mlock=True)),
+        (
+            {"num_ctx": 8192, "num_batch": 512, "num_gpu": 0, "main_gpu": 1, "num_thread": 4},
+            RunnerOptions(num_ctx=8192, num_batch=512, num_gpu=0, main_gpu=1, num_thread=4),
+        ),
+        (
+            {"use_mmap": False, "use_mlock": True, "num_ctx": 4096.0},
+            RunnerOptions(num_ctx=4096, use_mmap=False, use_mlock=True),
+        ),
         ({"num_ctx": None}, RunnerOptions()),
     ],
 )

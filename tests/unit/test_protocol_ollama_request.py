@@ -57,9 +57,15 @@ def test_chat_everything() -> None:
         "messages": [
             {"role": "system", "content": "be brief"},
             {"role": "user", "content": "what is this?", "images": [JPEG]},
-            {"role": "assistant", "content": "", "thinking": "hmm",
-             "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Zürich"}}},
-                            {"id": "call_keepme01", "function": {"index": 1, "name": "get_time", "arguments": {}}}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "thinking": "hmm",
+                "tool_calls": [
+                    {"function": {"name": "get_weather", "arguments": {"city": "Zürich"}}},
+                    {"id": "call_keepme01", "function": {"index": 1, "name": "get_time", "arguments": {}}},
+                ],
+            },
             {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
             {"role": "tool", "content": "noon", "tool_call_id": "call_keepme01"},
         ],
@@ -80,15 +86,30 @@ def test_chat_everything() -> None:
         "max_tokens": 64,
         "messages": [
             {"role": "system", "content": "be brief"},
-            {"role": "user", "content": [
-                {"type": "text", "text": "what is this?"},
-                {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{JPEG}"}},
-            ]},
-            {"role": "assistant", "content": "", "reasoning_content": "hmm", "tool_calls": [
-                {"id": "call_00002000", "type": "function",
-                 "function": {"name": "get_weather", "arguments": '{"city":"Zürich"}'}},
-                {"id": "call_keepme01", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
-            ]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{JPEG}"}},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "hmm",
+                "tool_calls": [
+                    {
+                        "id": "call_00002000",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Zürich"}'},
+                    },
+                    {
+                        "id": "call_keepme01",
+                        "type": "function",
+                        "function": {"name": "get_time", "arguments": "{}"},
+                    },
+                ],
+            },
             {"role": "tool", "content": "sunny", "tool_call_id": "call_00002000", "name": "get_weather"},
             {"role": "tool", "content": "noon", "tool_call_id": "call_keepme01"},
         ],
@@ -101,17 +122,32 @@ def test_chat_everything() -> None:
 
 
 def test_assistant_tool_call_message_without_content_and_string_arguments() -> None:
-    req = chat_request({"model": "m", "messages": [
-        {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": '{"a":1}'}}]},
-    ]})
-    assert req.body["messages"] == [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_00000000", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]}]
+    req = chat_request(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": '{"a":1}'}}]},
+            ],
+        }
+    )
+    assert req.body["messages"] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_00000000", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+            ],
+        }
+    ]
 
 
 def test_images_only_message_has_no_empty_text_part() -> None:
     req = chat_request({"model": "m", "messages": [{"role": "user", "images": [PNG]}]})
     assert req.body["messages"] == [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}],
+        }
     ]
 
 
@@ -132,17 +168,36 @@ def test_chat_empty_messages_is_a_load_request(messages: object) -> None:
         ({"model": "m", "messages": [{"role": "user", "content": ["x"]}]}, "content must be a string"),
         ({"model": "m", "messages": [{"role": "user", "content": "x", "images": "AAAA"}]}, "images must be"),
         ({"model": "m", "messages": [{"role": "user", "content": "x", "images": [1]}]}, "images must be"),
-        ({"model": "m", "messages": [{"role": "assistant", "tool_calls": {}}]}, "tool_calls must be an array"),
-        ({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, "string name"),
-        ({"model": "m", "messages": [{"role": "assistant",
-                                      "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}]}, "arguments"),
+        (
+            {"model": "m", "messages": [{"role": "assistant", "tool_calls": {}}]},
+            "tool_calls must be an array",
+        ),
+        (
+            {"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]},
+            "string name",
+        ),
+        (
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}
+                ],
+            },
+            "arguments",
+        ),
         ({"model": "m", "messages": [], "tools": {}}, "tools must be an array"),
         ({"model": "m", "messages": [], "stream": "yes"}, "stream must be a boolean"),
         ({"model": "m", "messages": [], "think": "maybe"}, "invalid think value"),
         ({"model": "m", "messages": [], "format": "xml"}, "invalid format"),
         ({"model": "m", "messages": [], "options": {"top_k": "a"}}, 'option "top_k" must be of type integer'),
-        ({"model": "m", "messages": [], "logprobs": True, "top_logprobs": 21}, "top_logprobs must be between"),
-        ({"model": "m", "messages": [], "logprobs": True, "top_logprobs": -1}, "top_logprobs must be between"),
+        (
+            {"model": "m", "messages": [], "logprobs": True, "top_logprobs": 21},
+            "top_logprobs must be between",
+        ),
+        (
+            {"model": "m", "messages": [], "logprobs": True, "top_logprobs": -1},
+            "top_logprobs must be between",
+        ),
         ({"model": "m", "messages": [], "logprobs": "y"}, "logprobs must be a boolean"),
     ],
 )
@@ -154,25 +209,51 @@ def test_chat_bad_requests(body: dict[str, object], message: str) -> None:
 
 def test_chat_logprobs_and_schema_format() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
-    req = chat_request({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": True,
-                        "top_logprobs": 3, "format": schema, "think": False})
+    req = chat_request(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "logprobs": True,
+            "top_logprobs": 3,
+            "format": schema,
+            "think": False,
+        }
+    )
     assert req.body["logprobs"] is True and req.body["top_logprobs"] == 3
-    assert req.body["response_format"] == {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}
+    assert req.body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "schema", "schema": schema},
+    }
     assert req.body["reasoning_effort"] == "none"
     assert req.body["chat_template_kwargs"] == {"enable_thinking": False}
 
 
 def test_generate_becomes_chat_with_system_and_images() -> None:
-    req = generate_request({"model": "m", "prompt": "why?", "system": "sys", "images": [GIF], "think": True,
-                            "options": {"seed": 7}, "template": "{{ .Prompt }}", "context": [1, 2]})
+    req = generate_request(
+        {
+            "model": "m",
+            "prompt": "why?",
+            "system": "sys",
+            "images": [GIF],
+            "think": True,
+            "options": {"seed": 7},
+            "template": "{{ .Prompt }}",
+            "context": [1, 2],
+        }
+    )
     assert req.path == "/v1/chat/completions" and req.kind == "generate" and not req.is_load
     assert req.body == {
         "model": "m",
         "seed": 7,
         "messages": [
             {"role": "system", "content": "sys"},
-            {"role": "user", "content": [{"type": "text", "text": "why?"},
-                                         {"type": "image_url", "image_url": {"url": f"data:image/gif;base64,{GIF}"}}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "why?"},
+                    {"type": "image_url", "image_url": {"url": f"data:image/gif;base64,{GIF}"}},
+                ],
+            },
         ],
         "chat_template_kwargs": {"enable_thinking": True},
         **STREAMING,
@@ -181,11 +262,23 @@ def test_generate_becomes_chat_with_system_and_images() -> None:
 
 @pytest.mark.parametrize(
     ("fmt", "extra"),
-    [(None, {}), ("json", {"json_schema": {"type": "object"}}), ({"type": "array"}, {"json_schema": {"type": "array"}})],
+    [
+        (None, {}),
+        ("json", {"json_schema": {"type": "object"}}),
+        ({"type": "array"}, {"json_schema": {"type": "array"}}),
+    ],
 )
 def test_generate_raw_uses_completions(fmt: object, extra: dict[str, object]) -> None:
-    req = generate_request({"model": "m", "prompt": "Once", "raw": True, "format": fmt, "think": True,
-                            "options": {"num_predict": 3}})
+    req = generate_request(
+        {
+            "model": "m",
+            "prompt": "Once",
+            "raw": True,
+            "format": fmt,
+            "think": True,
+            "options": {"num_predict": 3},
+        }
+    )
     assert req.path == "/v1/completions"
     assert req.body == {"model": "m", "max_tokens": 3, "prompt": "Once", **extra, **STREAMING}
 
@@ -197,8 +290,13 @@ def test_generate_raw_logprobs_is_an_integer_count() -> None:
 
 @pytest.mark.parametrize(
     ("body", "is_load"),
-    [({}, True), ({"prompt": ""}, True), ({"prompt": "", "keep_alive": 0}, True), ({"prompt": "x"}, False),
-     ({"images": [PNG]}, False)],
+    [
+        ({}, True),
+        ({"prompt": ""}, True),
+        ({"prompt": "", "keep_alive": 0}, True),
+        ({"prompt": "x"}, False),
+        ({"images": [PNG]}, False),
+    ],
 )
 def test_generate_load_detection(body: dict[str, object], is_load: bool) -> None:
     assert generate_request({"model": "m", **body}).is_load is is_load

@@ -45,7 +45,9 @@ async def _proxy(request: Request, path: str) -> Response:
     content_type = request.headers.get("content-type", "application/json")
     exchange = await services.gateway.open(model, path, raw, content_type=content_type)
     if body.get("stream") is True and exchange.status == 200:
-        return StreamingResponse(_passthrough(exchange), status_code=exchange.status, headers=exchange.headers)
+        return StreamingResponse(
+            _passthrough(exchange), status_code=exchange.status, headers=exchange.headers
+        )
     data = await exchange.read()
     return Response(data, status_code=exchange.status, headers=exchange.headers)
 

@@ -93,8 +93,12 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """``llmman run``: ensure a daemon, then one-shot or interactive chat."""
     if args.keepalive is not None:
         from llmman.durations import parse_duration
+        from llmman.errors import BadRequest
 
-        parse_duration(args.keepalive, what="keepalive")
+        try:
+            parse_duration(args.keepalive, what="keepalive")
+        except BadRequest as exc:
+            raise BadRequest(f"invalid --keepalive: {exc}") from None
     prompt = " ".join(args.prompt)
     interactive = not prompt and _isatty(sys.stdin)
     if not prompt and not interactive:

@@ -22,12 +22,7 @@ __all__ = ["OllamaStream", "error_line", "load_response"]
 
 Kind = Literal["chat", "generate"]
 _METRICS = (
-    "total_duration",
-    "load_duration",
-    "prompt_eval_count",
-    "prompt_eval_duration",
-    "eval_count",
-    "eval_duration",
+    "total_duration load_duration prompt_eval_count prompt_eval_duration eval_count eval_duration".split()
 )
 
 
@@ -129,7 +124,7 @@ class OllamaStream:
         """
         if self._final is not None:
             raise RuntimeError("feed() after final()")
-        if "error" in chunk:
+        if chunk.get("error") is not None:
             message, status = _error_message(chunk["error"])
             raise RunnerError(message, status=status)
         if isinstance(usage := chunk.get("usage"), dict):
@@ -243,18 +238,10 @@ class OllamaStream:
 
     def _flush_calls(self) -> list[dict[str, object]]:
         calls: list[dict[str, object]] = []
-        for index in sorted(self._pending):
-            call = self._pending[index]
-            calls.append(
-                {
-                    "id": self._call_id(call.id, len(self._calls) + len(calls)),
-                    "function": {
-                        "index": len(self._calls) + len(calls),
-                        "name": call.name,
-                        "arguments": _arguments("".join(call.arguments)),
-                    },
-                }
-            )
+        for n, call in enumerate((self._pending[i] for i in sorted(self._pending)), start=len(self._calls)):
+            arguments = _arguments("".join(call.arguments))
+            function = {"index": n, "name": call.name, "arguments": arguments}
+            calls.append({"id": self._call_id(call.id, n), "function": function})
         self._pending.clear()
         self._calls += calls
         return calls

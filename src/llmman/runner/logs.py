@@ -8,12 +8,15 @@ dots) stays pending until its newline, EOF, or :data:`MAX_PENDING` bytes.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 MAX_PENDING = 64 * 1024  # bytes of an unterminated line kept before it is flushed as a line
+_READ_CHUNK = 64 * 1024
 
 
 class ChildLog:
@@ -39,6 +42,13 @@ class ChildLog:
         """Write one llmman line (start, exit, stop markers) to the file only, with a UTC timestamp."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._write(f"--- llmman {stamp}: {text}\n")
+
+    async def drain(self, reader: asyncio.StreamReader, stream: str, on_chunk: Callable[[], None]) -> None:
+        """Read ``reader`` to EOF into this log as ``stream``, calling ``on_chunk()`` after every chunk."""
+        while data := await reader.read(_READ_CHUNK):
+            on_chunk()
+            self.feed(stream, data)
+        self.finish(stream)
 
     def feed(self, stream: str, data: bytes) -> None:
         """Add a chunk read from ``stream`` ("stdout"/"stderr"); complete lines go to the ring and file."""

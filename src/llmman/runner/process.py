@@ -33,7 +33,6 @@ logger = logging.getLogger(__name__)
 _EXIT_TAIL_LINES = 10  # lines of child output quoted in errors and exit logs
 _DRAIN_GRACE = 2.0  # seconds to wait for EOF on the pipes after the child exited
 _POLL_TIMEOUT = 2.0  # seconds for one GET /health
-_READ_CHUNK = 64 * 1024
 
 
 class RunnerState(enum.Enum):
@@ -164,14 +163,15 @@ class LlamaServerProcess:
         if self._start_called:
             raise RunnerError("this llama-server was already started; make a new one to restart")
         self._start_called = True
+        if self._stop_requested:
+            raise RunnerError("llama-server was stopped before it started")
         self._state = RunnerState.STARTING
         self._log.open()
         try:
             await self._start_attempts()
         except BaseException as exc:
             await asyncio.shield(self._kill_and_reap())
-            if not self._stop_requested:
-                self._state = RunnerState.FAILED
+            self._state = RunnerState.STOPPED if self._stop_requested else RunnerState.FAILED
             self._log.note(f"start failed: {type(exc).__name__}: {exc}")
             self._log.close()
             self.exited.set()
@@ -182,10 +182,12 @@ class LlamaServerProcess:
 
     async def _start_attempts(self) -> None:
         for attempt in (1, 2):
-            port = self._fixed_port if self._fixed_port is not None else free_port(self._host)
+            port = self._fixed_port if self._fixed_port is not None else self._free_port()
             child = await self._spawn(port)
             try:
                 await self._await_ready(child)
+                if self._stop_requested:  # stop() raced the last health poll: do not report READY
+                    raise RunnerError("llama-server was stopped while loading")
                 return
             except _BindFailed:
                 if attempt == 2 or self._fixed_port is not None or self._stop_requested:
@@ -214,8 +216,8 @@ class LlamaServerProcess:
             child = _Child(proc=proc, port=port, first_line=self._log.count)
             assert proc.stdout is not None and proc.stderr is not None
             child.tasks = [
-                asyncio.create_task(self._drain(proc.stdout, "stdout")),
-                asyncio.create_task(self._drain(proc.stderr, "stderr")),
+                asyncio.create_task(self._log.drain(proc.stdout, "stdout", self._on_output)),
+                asyncio.create_task(self._log.drain(proc.stderr, "stderr", self._on_output)),
             ]
             child.tasks.append(asyncio.create_task(self._watch(child, child.tasks[:2])))
             self._child = child
@@ -233,9 +235,10 @@ class LlamaServerProcess:
                 if remaining <= 0:
                     raise LoadTimeout(
                         f"llama-server printed nothing for {self._stall_timeout:g} s while loading "
-                        f"(load stall timeout {self._stall_timeout:g} s) and was killed"
+                        f"(load stall timeout {self._stall_timeout:g} s) and was killed; last lines: "
+                        + "\n".join(self._own_tail(child))
                     )
-                done, _ = await asyncio.wait((poll, died), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait((poll, died), timeout=remaining, return_when="FIRST_COMPLETED")
                 if died in done or child.proc.returncode is not None:
                     await child.done.wait()
                     raise self._exit_error(child)
@@ -247,9 +250,12 @@ class LlamaServerProcess:
             died.cancel()
             await asyncio.gather(poll, died, return_exceptions=True)
 
+    def _own_tail(self, child: _Child) -> list[str]:
+        """The last lines printed by ``child`` itself (not by an earlier attempt)."""
+        return self._log.tail(min(self._log.count - child.first_line, _EXIT_TAIL_LINES))
+
     def _exit_error(self, child: _Child) -> RunnerError:
-        own = self._log.count - child.first_line
-        tail = self._log.tail(min(own, _EXIT_TAIL_LINES))
+        tail = self._own_tail(child)
         if self._stop_requested:
             return RunnerError("llama-server was stopped while loading")
         if any("couldn't bind" in line for line in tail):
@@ -277,13 +283,15 @@ class LlamaServerProcess:
                 await asyncio.sleep(self._poll_interval)
 
     # ------------------------------------------------------------------------------- child plumbing
-    async def _drain(self, stream: asyncio.StreamReader, name: str) -> None:
-        """Read ``stream`` to EOF into the log; every chunk (not just full lines) resets the stall timer."""
-        loop = asyncio.get_running_loop()
-        while data := await stream.read(_READ_CHUNK):
-            self._last_output = loop.time()
-            self._log.feed(name, data)
-        self._log.finish(name)
+    def _free_port(self) -> int:
+        try:
+            return free_port(self._host)
+        except OSError as exc:
+            raise RunnerError(f"cannot find a free port on {self._host}: {exc}") from exc
+
+    def _on_output(self) -> None:
+        """Any output at all (a chunk, not only a full line) resets the load stall timer."""
+        self._last_output = asyncio.get_running_loop().time()
 
     async def _watch(self, child: _Child, drains: list[asyncio.Task[None]]) -> None:
         """Await the child's exit; report a death while READY at once."""

@@ -82,7 +82,7 @@ def _chunks(stream: BinaryIO | Iterable[bytes]) -> Iterator[bytes]:
         return
     read = getattr(stream, "read", None)
     if read is None:
-        yield from stream  # type: ignore[misc]
+        yield from stream
         return
     while chunk := read(CHUNK):
         yield chunk
@@ -159,16 +159,16 @@ class Layout:
 
     def has_blob(self, digest: str, size: int | None = None, pin: bool = False) -> bool:
         """True when the blob exists (with ``size`` bytes, when given). ``pin`` protects it from gc until
-        a manifest referencing it is put (or :data:`PIN_TTL_S` passes)."""
-        try:
-            st = self.blob_path(digest).stat()
-        except FileNotFoundError:
-            return False
-        if size is not None and st.st_size != size:
-            return False
-        if pin:
-            self.pin(digest)
-        return True
+        a manifest referencing it is put (or :data:`PIN_TTL_S` passes); the check and the pin then happen
+        under the store lock, so a concurrent gc cannot delete the blob in between."""
+        path = self.blob_path(digest)
+        if not pin:
+            return _has_size(path, size)
+        with self.lock():
+            found = _has_size(path, size)
+            if found:
+                self.pin(digest)
+            return found
 
     def read_blob(self, digest: str, limit: int = 16 << 20) -> bytes:
         """A small blob's bytes (manifests, configs). StoreError when missing or over ``limit`` bytes."""
@@ -221,7 +221,7 @@ class Layout:
                     f.write(chunk)
                     n += len(chunk)
                     if expected_size is not None and n > expected_size:
-                        raise StoreError(f"blob is larger than the expected {expected_size} bytes")
+                        raise StoreError(f"blob size mismatch: more than the expected {expected_size} bytes")
                 f.flush()
                 os.fsync(fd)
             digest = f"sha256:{h.hexdigest()}"
@@ -229,13 +229,14 @@ class Layout:
                 raise StoreError(f"blob size mismatch: expected {expected_size} bytes, got {n}")
             if expected_digest is not None and digest != expected_digest:
                 raise StoreError(f"blob digest mismatch: expected {expected_digest}, got {digest}")
-            self.pin(digest)
-            final = self.blob_path(digest)
-            if final.exists():
-                os.unlink(tmp)
-            else:
-                os.replace(tmp, final)
-                _fsync_dir(self.blobs)
+            with self.lock():  # pin and publish atomically with respect to gc
+                self.pin(digest)
+                final = self.blob_path(digest)
+                if final.exists():
+                    os.unlink(tmp)
+                else:
+                    os.replace(tmp, final)
+                    _fsync_dir(self.blobs)
             return digest
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -262,6 +263,14 @@ class Layout:
                 if _is_stale(p, now):
                     removed.append(p)
         return removed
+
+
+def _has_size(path: Path, size: int | None) -> bool:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    return size is None or st.st_size == size
 
 
 def _is_stale(path: Path, now: float) -> bool:

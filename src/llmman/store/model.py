@@ -74,7 +74,8 @@ class ModelFiles:
 
 
 def layer_filename(desc: dict[str, Any]) -> str:
-    """The layer's file name: ``org.cncf.model.filepath``, else ``org.opencontainers.image.title``, else ""."""
+    """The layer's file name: ``org.cncf.model.filepath``, else ``org.opencontainers.image.title``,
+    else ""."""
     ann = desc.get("annotations")
     if isinstance(ann, dict):
         for key in (mt.FILEPATH, mt.TITLE):

@@ -1,0 +1,289 @@
+"""The model store: named manifests in an OCI image layout (SPEC B; reference/llmman.md 3.1-3.5).
+
+``index.json`` lists one manifest descriptor per reference, annotated
+``org.opencontainers.image.ref.name`` = the full reference (``docker.io/ai/smollm2:135m``). Every change of
+the index happens under the store lock as read-modify-write followed by an atomic rename; blobs are
+written and verified before any manifest that needs them enters the index.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from llmman.errors import ModelNotFound, StoreError
+from llmman.gguf import GGUFInfo, merge_split, read_gguf, with_capability
+from llmman.store import mediatypes as mt
+from llmman.store.build import build_manifest, plan_build
+from llmman.store.files import gguf_blobs, resolve_files
+from llmman.store.layout import Layout
+from llmman.store.model import ModelFiles, StoredModel, descriptor_digests
+
+if TYPE_CHECKING:
+    from llmman.refs import Reference
+
+log = logging.getLogger(__name__)
+_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def stored_name(ref: Reference) -> str:
+    """The ``ref.name`` annotation for a reference: ``registry/repository:tag`` (never the digest)."""
+    return f"{ref.registry}/{ref.repository}:{ref.tag}"
+
+
+def _matches(entry: dict[str, Any], ref: Reference) -> bool:
+    ann = entry.get("annotations")
+    name = ann.get(mt.REF_NAME) if isinstance(ann, dict) else None
+    if not isinstance(name, str):
+        return False
+    if ref.digest is not None:
+        repo = f"{ref.registry}/{ref.repository}:".lower()
+        return entry.get("digest") == ref.digest and name.lower().startswith(repo)
+    return name.lower() == stored_name(ref).lower()
+
+
+class Store:
+    """An OCI image-layout model store at ``root`` (created lazily by the first write).
+
+    ``cache_dir`` (default ``<root>/../cache``) holds the symlink folders of split models."""
+
+    def __init__(self, root: Path, cache_dir: Path | None = None) -> None:
+        self.root = Path(root)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else self.root.parent / "cache"
+        self.layout = Layout(self.root)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _model(self, entry: dict[str, Any]) -> StoredModel | None:
+        ann = entry.get("annotations")
+        name = ann.get(mt.REF_NAME) if isinstance(ann, dict) else None
+        digest = entry.get("digest")
+        if not isinstance(name, str) or not isinstance(digest, str):
+            return None
+        try:
+            path = self.layout.blob_path(digest)
+            manifest = json.loads(path.read_bytes())
+            mtime = path.stat().st_mtime
+        except (OSError, ValueError, StoreError) as exc:
+            log.warning("skipping %s: unreadable manifest %s (%s)", name, digest, exc)
+            return None
+        if not isinstance(manifest, dict):
+            return None
+        size = sum(_size(d) or 0 for d in _descriptors(manifest, "layers"))
+        return StoredModel(reference=name, digest=digest, size=size, modified_at=mtime, manifest=manifest)
+
+    def list(self) -> builtins.list[StoredModel]:
+        """Every named model, in index order. Entries whose manifest blob is unreadable are skipped."""
+        models = (self._model(e) for e in self.layout.read_index()["manifests"] if isinstance(e, dict))
+        return [m for m in models if m is not None]
+
+    def find(self, ref: Reference) -> StoredModel | None:
+        """The model stored under ``ref`` (full name compared case-insensitively; a digest-pinned
+        reference matches an entry of the same repository with that manifest digest), or None."""
+        for entry in self.layout.read_index()["manifests"]:
+            if isinstance(entry, dict) and _matches(entry, ref):
+                return self._model(entry)
+        return None
+
+    def get(self, ref: Reference) -> StoredModel:
+        """Like :meth:`find`; raises ModelNotFound(str(ref)) (404 ``model '<name>' not found``)."""
+        model = self.find(ref)
+        if model is None:
+            raise ModelNotFound(str(ref))
+        return model
+
+    def files(self, model: StoredModel) -> ModelFiles:
+        """Paths for llama-server (see :mod:`llmman.store.files`). Raises StoreError."""
+        return resolve_files(self.layout, self.cache_dir, model)
+
+    def info(self, model: StoredModel) -> GGUFInfo:
+        """GGUF header of the model (all shards merged), with "vision" added when it has a projector.
+
+        Raises StoreError (no GGUF layer, missing blob) or GGUFError (unreadable GGUF)."""
+        shards, mmproj = gguf_blobs(self.layout, model)
+        info = merge_split([read_gguf(path) for _, path in shards])
+        return with_capability(info, "vision") if mmproj is not None else info
+
+    # -- blobs (for pull/push) -----------------------------------------------------------------------
+    def blob_path(self, digest: str) -> Path:
+        """``<root>/blobs/sha256/<hex>``; StoreError for a digest that is not ``sha256:<64 hex>``."""
+        return self.layout.blob_path(digest)
+
+    def has_blob(self, digest: str, size: int | None = None, pin: bool = False) -> bool:
+        """True when the blob is present (and ``size`` bytes when given). A pull that skips a present
+        layer passes ``pin=True``: the blob is then protected from gc until a manifest using it is put."""
+        return self.layout.has_blob(digest, size, pin=pin)
+
+    def write_blob(self, stream: BinaryIO | Iterable[bytes], expected_digest: str | None = None,
+                   expected_size: int | None = None) -> str:
+        """Stream a blob in, verified; returns its digest. Raises StoreError on mismatch, leaving nothing."""
+        return self.layout.write_blob(stream, expected_digest, expected_size)
+
+    # -- writing ---------------------------------------------------------------------------------
+    def _set_entry(self, name: str, desc: dict[str, Any]) -> builtins.list[str]:
+        """Put ``desc`` under ``name`` in the index (replacing in place); returns replaced digests.
+        Caller holds the lock."""
+        index = self.layout.read_index()
+        kept, replaced, placed = [], [], False
+        for entry in index["manifests"]:
+            ann = entry.get("annotations") if isinstance(entry, dict) else None
+            other = ann.get(mt.REF_NAME) if isinstance(ann, dict) else None
+            if isinstance(other, str) and other.lower() == name.lower():
+                replaced.append(str(entry.get("digest")))
+                if not placed:
+                    kept.append(desc)
+                    placed = True
+                continue
+            kept.append(entry)
+        if not placed:
+            kept.append(desc)
+        index["manifests"] = kept
+        self.layout.write_index(index)
+        return replaced
+
+    def put_manifest(self, ref: Reference, manifest_bytes: bytes, media_type: str) -> StoredModel:
+        """Store a manifest (or index) blob and name it ``ref`` in the index, replacing any entry with
+        that name. Every blob it references must already be present with the declared size.
+
+        Raises StoreError: not JSON, a referenced blob missing or of the wrong size, or ``ref.digest``
+        given and different from the manifest's digest."""
+        try:
+            manifest = json.loads(manifest_bytes)
+        except ValueError as exc:
+            raise StoreError(f"manifest for {ref} is not JSON: {exc}") from exc
+        if not isinstance(manifest, dict):
+            raise StoreError(f"manifest for {ref} is not a JSON object")
+        digest = f"sha256:{hashlib.sha256(manifest_bytes).hexdigest()}"
+        if ref.digest is not None and ref.digest != digest:
+            raise StoreError(f"manifest digest {digest} does not match {ref.digest}")
+        children = [d for key in ("config", "layers", "manifests") for d in _descriptors(manifest, key)]
+        self.layout.write_blob([manifest_bytes], digest, len(manifest_bytes))
+        desc: dict[str, Any] = {"mediaType": media_type, "digest": digest, "size": len(manifest_bytes)}
+        if isinstance(manifest.get("artifactType"), str):
+            desc["artifactType"] = manifest["artifactType"]
+        name = stored_name(ref)
+        desc["annotations"] = {mt.REF_NAME: name}
+        try:
+            with self.layout.lock():
+                for child in children:
+                    if not self.layout.has_blob(str(child.get("digest")), _size(child)):
+                        raise StoreError(f"manifest for {ref} references missing blob {child.get('digest')}")
+                replaced = self._set_entry(name, desc)
+                os.utime(self.layout.blob_path(digest))
+        except BaseException:
+            self.layout.unpin([digest])
+            raise
+        self.layout.unpin([digest, *descriptor_digests(manifest)])
+        if any(d != digest for d in replaced):
+            self.gc()
+        model = self._model(desc)
+        if model is None:
+            raise StoreError(f"manifest {digest} vanished while storing {ref}")
+        return model
+
+    def build(self, ref: Reference, path: Path, labels: Mapping[str, str] | None = None) -> StoredModel:
+        """Package a local GGUF file or model folder as a ModelPack artifact named ``ref`` (replacing any
+        entry with that name). Raises BadRequest for unusable input (see :func:`plan_build`),
+        StoreError for write failures; on failure the index is unchanged and new blobs are collected."""
+        plan = plan_build(Path(path))
+        written: builtins.list[str] = []
+        try:
+            manifest = build_manifest(self.layout, ref, plan, labels, written=written)
+            return self.put_manifest(ref, manifest, mt.OCI_MANIFEST)
+        except BaseException:
+            self.layout.unpin(written)
+            with contextlib.suppress(Exception):
+                self.gc()
+            raise
+
+    def tag(self, source: Reference, target: Reference) -> StoredModel:
+        """Name the manifest of ``source`` also ``target`` (replacing any entry named ``target``).
+        Raises ModelNotFound(str(source))."""
+        name = stored_name(target)
+        with self.layout.lock():
+            entry = next((e for e in self.layout.read_index()["manifests"]
+                          if isinstance(e, dict) and _matches(e, source)), None)
+            if entry is None:
+                raise ModelNotFound(str(source))
+            desc = {k: v for k, v in entry.items() if k != "annotations"}
+            desc["annotations"] = {mt.REF_NAME: name}
+            replaced = self._set_entry(name, desc)
+        if any(d != desc["digest"] for d in replaced):
+            self.gc()
+        model = self._model(desc)
+        if model is None:
+            raise StoreError(f"manifest of {source} is unreadable")
+        return model
+
+    def remove(self, ref: Reference) -> builtins.list[str]:
+        """Delete the entry named ``ref`` then collect garbage; returns the removed blob digests.
+        Raises ModelNotFound(str(ref))."""
+        with self.layout.lock():
+            index = self.layout.read_index()
+            kept = [e for e in index["manifests"] if not (isinstance(e, dict) and _matches(e, ref))]
+            if len(kept) == len(index["manifests"]):
+                raise ModelNotFound(str(ref))
+            index["manifests"] = kept
+            self.layout.write_index(index)
+            return self.gc()
+
+    def gc(self) -> builtins.list[str]:
+        """Delete blobs that no indexed manifest reaches (manifests, configs, layers, nested indexes) and
+        that are not pinned by an in-flight write, stale temp files, and the cache symlink folders of
+        manifests no longer indexed. Returns the removed blob digests, sorted. If an indexed manifest is
+        unreadable, no blob is deleted (its layers are unknown)."""
+        with self.layout.lock():
+            index = self.layout.read_index()
+            tops = [e["digest"] for e in _descriptors(index, "manifests")]
+            reachable: set[str] = set()
+            readable = all(self._reach(d, reachable) for d in tops)
+            removed = []
+            if readable:
+                present = self.layout.blob_digests()
+                keep = reachable | self.layout.pinned()
+                for digest in present:
+                    if digest not in keep:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(self.layout.blob_path(digest))
+                        removed.append(digest)
+            else:
+                log.warning("gc: an indexed manifest is unreadable; keeping every blob")
+            self.layout.remove_stale_temps()
+            live = {d.split(":", 1)[1] for d in tops}
+            if self.cache_dir.is_dir():
+                for folder in self.cache_dir.iterdir():
+                    if _HEX.fullmatch(folder.name) and folder.name not in live and not folder.is_symlink():
+                        shutil.rmtree(folder, ignore_errors=True)
+            return sorted(removed)
+
+    def _reach(self, digest: str, seen: set[str]) -> bool:
+        if digest in seen:
+            return True
+        seen.add(digest)
+        try:
+            manifest = json.loads(self.layout.read_blob(digest))
+        except (StoreError, ValueError):
+            return False
+        if not isinstance(manifest, dict):
+            return False
+        seen.update(d["digest"] for key in ("config", "layers") for d in _descriptors(manifest, key))
+        return all(self._reach(d["digest"], seen) for d in _descriptors(manifest, "manifests"))
+
+
+def _descriptors(manifest: dict[str, Any], key: str) -> builtins.list[dict[str, Any]]:
+    value = manifest.get(key)
+    items = [value] if isinstance(value, dict) else value if isinstance(value, builtins.list) else []
+    return [d for d in items if isinstance(d, dict) and isinstance(d.get("digest"), str)]
+
+
+def _size(desc: dict[str, Any]) -> int | None:
+    size = desc.get("size")
+    return size if isinstance(size, int) else None
