@@ -117,7 +117,9 @@ class Lease:
             ``load_duration``.
     """
 
-    def __init__(self, scheduler: Scheduler, entry: LoadedModel, runner: Runner, load_duration: float) -> None:
+    def __init__(
+        self, scheduler: Scheduler, entry: LoadedModel, runner: Runner, load_duration: float
+    ) -> None:
         self._scheduler = scheduler
         self._entry = entry
         self.base_url = runner.base_url
