@@ -201,7 +201,9 @@ class Scheduler:
                 runner = await self._wait_ready(entry)
             except BaseException:
                 entry.refcount -= 1
-                if self._table.get(plan.reference) is entry and not entry.ready and entry.refcount == 0:
+                if entry.ready:  # cancelled after the load finished: nobody else may start its timer
+                    self._idle(entry)
+                elif self._table.get(plan.reference) is entry and entry.refcount == 0:
                     if entry.load_task is None or entry.load_task.done():
                         self._table.pop(plan.reference, None)
                 raise
@@ -234,6 +236,8 @@ class Scheduler:
             await runner.stop(self._stop_grace)
             raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
         log.info("%s ready at %s", entry.plan.reference, runner.base_url)
+        if entry.refcount == 0:  # every waiter went away while it loaded: start its keep_alive now
+            self._idle(entry)
         return runner
 
     async def _admit(self, plan: ModelPlan) -> None:
@@ -241,8 +245,13 @@ class Scheduler:
 
     def _release(self, entry: LoadedModel) -> None:
         entry.refcount -= 1
+        self._idle(entry)
+
+    def _idle(self, entry: LoadedModel) -> None:
+        """Start ``entry``'s keep_alive (or unload it) if nobody holds it now."""
         if entry.refcount > 0 or self._table.get(entry.plan.reference) is not entry:
             return
+        self._cancel_timer(entry)
         if entry.unload_when_idle or entry.keep_alive <= 0:
             self._spawn_stop(entry)
             return

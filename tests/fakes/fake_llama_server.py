@@ -11,20 +11,33 @@ route 503 ``Loading model`` while "loading", then serves. Logs go to stderr in l
 Environment variables:
     FAKE_LOAD_DELAY=S          seconds of "loading" (``/health`` 503) before ready; default 0. A line is
                                printed every FAKE_LOAD_LOG_INTERVAL seconds (default 0.1) meanwhile.
+    FAKE_LOAD_GATE=PATH        also stay "loading" until PATH exists (checked, with a progress line, every
+                               FAKE_LOAD_LOG_INTERVAL seconds): a test decides when the load finishes.
     FAKE_EXIT_ON_LOAD=N        print a few load-error lines and exit with code N while loading.
     FAKE_SILENT_HANG=1         print nothing at all and never become ready (stall-timeout tests).
     FAKE_CRASH_AFTER_TOKENS=N  SIGKILL itself after sending N generated tokens in one response.
     FAKE_IGNORE_SIGTERM=1      ignore SIGTERM (only SIGKILL stops it). Otherwise SIGTERM exits 0.
     FAKE_TOKEN_DELAY=S         seconds between generated tokens; default 0.
     FAKE_REPLY=TEXT            the answer; default "Hello from the fake llama-server.". Tokens are its
-                               words (each with its leading space).
+                               words (each with its leading space). JSON is written as raw UTF-8, as
+                               llama-server does (no ``\\uXXXX`` escapes).
+    FAKE_SPLIT_BYTES=1         write every SSE event as two HTTP chunks with a short pause between, cut
+                               inside the first multi-byte UTF-8 character (or mid-event if none), so a
+                               client sees a character split across network reads.
+    FAKE_PER_MODEL=JSON        per-model overrides of these variables, ``{"KEY": {"FAKE_X": "v"}}``: an
+                               entry applies when KEY equals the ``-a`` alias or the ``-m`` path, or is a
+                               substring of the alias (one fake binary can then play a slow model A and
+                               a fast model B in one daemon).
 
 Endpoints: ``GET /health``, ``/v1/health``, ``/props``, ``/v1/models`` (= ``/models``), ``/metrics``
 (with ``--metrics``), ``POST /v1/chat/completions`` (= ``/chat/completions``) and ``/v1/completions``,
 streaming (SSE shaped like llama-server: role chunk, one chunk per token, a finish chunk, a usage chunk
 when ``stream_options.include_usage``, ``timings`` on the last, then ``data: [DONE]``) or not;
 ``max_tokens`` / ``max_completion_tokens`` / ``n_predict`` truncate with ``finish_reason: "length"``.
-Test-only: ``GET /fake/env`` (the process environment as JSON) and ``GET /fake/argv``.
+Test-only: ``GET /fake/env`` (the process environment as JSON, per-model overrides applied),
+``GET /fake/argv`` and ``GET /fake/stats`` (``{"active", "started", "completed", "disconnected",
+"requests"}``: generations, streaming or not, now running, begun, finished, and abandoned because the
+client went away, noticed at the next token as llama-server does); these answer while loading too.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import socket
 import sys
@@ -42,10 +56,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-SILENT = os.environ.get("FAKE_SILENT_HANG") == "1"
-REPLY = os.environ.get("FAKE_REPLY", "Hello from the fake llama-server.")
-TOKEN_DELAY = float(os.environ.get("FAKE_TOKEN_DELAY", "0"))
-CRASH_AFTER = int(os.environ.get("FAKE_CRASH_AFTER_TOKENS", "-1"))
+# Behaviour knobs, read from the environment by configure() once the alias is known (FAKE_PER_MODEL).
+SILENT = False
+REPLY = "Hello from the fake llama-server."
+TOKEN_DELAY = 0.0
+CRASH_AFTER = -1
+SPLIT_BYTES = False
+SPLIT_PAUSE = 0.005  # seconds between the two halves of a split event (lets the reader see them apart)
 LOADING_BODY = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
 
 
@@ -53,6 +70,39 @@ def log(text: str) -> None:
     if not SILENT:
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
+
+
+def apply_per_model(alias: str, model: str) -> None:
+    """Overlay the ``FAKE_PER_MODEL`` entries matching this child onto ``os.environ``."""
+    raw = os.environ.get("FAKE_PER_MODEL")
+    if not raw:
+        return
+    for key, values in json.loads(raw).items():
+        if key in (alias, model) or (key and key in alias):
+            os.environ.update({str(k): str(v) for k, v in values.items()})
+
+
+def configure() -> None:
+    """Read the behaviour knobs from the (overlaid) environment."""
+    global SILENT, REPLY, TOKEN_DELAY, CRASH_AFTER, SPLIT_BYTES
+    SILENT = os.environ.get("FAKE_SILENT_HANG") == "1"
+    REPLY = os.environ.get("FAKE_REPLY", "Hello from the fake llama-server.")
+    TOKEN_DELAY = float(os.environ.get("FAKE_TOKEN_DELAY", "0"))
+    CRASH_AFTER = int(os.environ.get("FAKE_CRASH_AFTER_TOKENS", "-1"))
+    SPLIT_BYTES = os.environ.get("FAKE_SPLIT_BYTES") == "1"
+
+
+def dumps(obj: Any) -> bytes:
+    """JSON as llama-server writes it: compact-ish, non-ASCII as raw UTF-8."""
+    return json.dumps(obj, ensure_ascii=False).encode()
+
+
+def split_point(payload: bytes) -> int:
+    """Where to cut ``payload`` in two: just after the lead byte of its first multi-byte character."""
+    for i, byte in enumerate(payload):
+        if byte >= 0xC0:
+            return i + 1
+    return max(1, len(payload) // 2)
 
 
 def make_launcher(directory: Path, python: str = sys.executable) -> Path:
@@ -88,7 +138,32 @@ class Settings:
 class State:
     ready = threading.Event()
     requests = 0
+    started = 0
+    active = 0
+    completed = 0
+    disconnected = 0
     lock = threading.Lock()
+
+    @classmethod
+    def stats(cls) -> dict[str, int]:
+        with cls.lock:
+            return {"active": cls.active, "started": cls.started, "completed": cls.completed,
+                    "disconnected": cls.disconnected, "requests": cls.requests}  # fmt: skip
+
+    @classmethod
+    def begin(cls) -> None:
+        with cls.lock:
+            cls.started += 1
+            cls.active += 1
+
+    @classmethod
+    def end(cls, completed: bool) -> None:
+        with cls.lock:
+            cls.active -= 1
+            if completed:
+                cls.completed += 1
+            else:
+                cls.disconnected += 1
 
 
 def tokens_of(text: str) -> list[str]:
@@ -96,12 +171,27 @@ def tokens_of(text: str) -> list[str]:
 
 
 def count_prompt(body: dict[str, Any]) -> int:
-    if "messages" in body:
+    if isinstance(body.get("messages"), list):
         parts = [m.get("content") for m in body["messages"] if isinstance(m, dict)]
         text = " ".join(p if isinstance(p, str) else json.dumps(p) for p in parts if p is not None)
     else:
         text = str(body.get("prompt", ""))
     return max(1, len(tokens_of(text)))
+
+
+def invalid_field(body: dict[str, Any], chat: bool) -> str | None:
+    """What llama-server would reject with a 400 before generating (the fields the fake reads)."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return "'messages' is required"
+        if not all(isinstance(m, dict) for m in messages):
+            return "'messages' must be an array of objects"
+    elif not isinstance(body.get("prompt", ""), str | list):
+        return "\"prompt\" must be a string or an array"
+    if not isinstance(body.get("stream_options") or {}, dict):
+        return "\"stream_options\" must be an object"
+    return None
 
 
 def timings(prompt_n: int, predicted_n: int) -> dict[str, Any]:
@@ -116,6 +206,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "llama.cpp"
     sys_version = ""
+    disable_nagle_algorithm = True  # small SSE writes go out at once, as llama-server's do
     settings: Settings
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -123,7 +214,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------------------------- helpers
     def send_json(self, status: int, obj: Any, content_type: str = "application/json") -> None:
-        data = (obj if isinstance(obj, str) else json.dumps(obj)).encode()
+        data = obj.encode() if isinstance(obj, str) else dumps(obj)
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
@@ -136,9 +227,16 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(status, {"error": {"code": status, "message": message, "type": kind}})
 
     def chunk(self, obj: Any) -> None:
-        payload = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
-        self.wfile.flush()
+        payload = b"data: " + (obj if isinstance(obj, bytes) else dumps(obj)) + b"\n\n"
+        parts = [payload]
+        if SPLIT_BYTES and len(payload) > 1:
+            cut = split_point(payload)
+            parts = [payload[:cut], payload[cut:]]
+        for n, part in enumerate(parts):
+            if n:
+                time.sleep(SPLIT_PAUSE)
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.flush()
 
     # -------------------------------------------------------------------------------------- routes
     def do_GET(self) -> None:
@@ -148,6 +246,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, dict(os.environ))
         if path == "/fake/argv":
             return self.send_json(200, s.argv)
+        if path == "/fake/stats":
+            return self.send_json(200, State.stats())
         if not State.ready.is_set():
             return self.send_json(503, LOADING_BODY)
         if path in ("/health", "/v1/health"):
@@ -183,8 +283,9 @@ class Handler(BaseHTTPRequestHandler):
                 raise ValueError("request body must be a JSON object")
         except ValueError as exc:
             return self.send_error_json(400, f"Failed to parse JSON: {exc}", "invalid_request_error")
-        if chat and not isinstance(body.get("messages"), list):
-            return self.send_error_json(400, "'messages' is required", "invalid_request_error")
+        problem = invalid_field(body, chat)
+        if problem:
+            return self.send_error_json(400, problem, "invalid_request_error")
         with State.lock:
             State.requests += 1
         self.complete(body, chat)
@@ -203,8 +304,18 @@ class Handler(BaseHTTPRequestHandler):
                 "created": int(time.time()), "model": self.settings.model_id,
                 "system_fingerprint": "b0-fake"}  # fmt: skip
         if not body.get("stream"):
-            for n in range(1, len(tokens) + 1):
-                self.pace(n)
+            State.begin()
+            try:
+                for n in range(1, len(tokens) + 1):
+                    self.pace(n)
+                    if self.client_gone():
+                        raise ConnectionResetError("client went away")
+            except ConnectionResetError:
+                log("srv          stop: client disconnected, cancelling task")
+                self.close_connection = True
+                State.end(completed=False)
+                return
+            State.end(completed=True)
             text = "".join(tokens)
             choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
             if chat:
@@ -234,6 +345,8 @@ class Handler(BaseHTTPRequestHandler):
             return {"index": 0, "finish_reason": reason, "delta": delta}
 
         with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        State.begin()
+        completed = False
         try:
             if chat:
                 self.chunk({**base, "object": obj, "choices": [piece(None, None, first=True)]})
@@ -249,9 +362,21 @@ class Handler(BaseHTTPRequestHandler):
             self.chunk(b"[DONE]")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
+            completed = True
         except (BrokenPipeError, ConnectionResetError):
             log("srv          stop: client disconnected, cancelling task")
             self.close_connection = True
+        finally:
+            State.end(completed)
+            log(f"srv  log_server_r: request: POST {self.path} 127.0.0.1 200")
+
+    def client_gone(self) -> bool:
+        """True when the client closed its end (readable with nothing to read); no bytes are consumed."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def pace(self, n: int) -> None:
         """Called after the n-th token: crash or wait as the environment says."""
@@ -269,6 +394,8 @@ def on_sigterm(signum: int, frame: object) -> None:
 
 def main(argv: list[str]) -> int:
     settings = Settings(argv)
+    apply_per_model(settings.alias, settings.model)
+    configure()
     Handler.settings = settings
     if os.environ.get("FAKE_IGNORE_SIGTERM") == "1":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -307,6 +434,11 @@ def main(argv: list[str]) -> int:
         step += 1
         log(f"load_tensors: loading model tensors, fake progress step {step}")
         time.sleep(min(interval, left))
+    gate = os.environ.get("FAKE_LOAD_GATE")
+    while gate and not os.path.exists(gate):
+        step += 1
+        log(f"load_tensors: loading model tensors, fake progress step {step} (waiting for {gate})")
+        time.sleep(interval)
     s = settings
     log(f"srv    load_model: initializing slots, n_slots = {s.slots}, n_ctx_slot = {s.n_ctx_slot},"
         f" kv_unified = '{str(s.unified).lower()}'")  # fmt: skip

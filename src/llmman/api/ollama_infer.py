@@ -18,6 +18,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from llmman.api.cancel import unless_disconnected
 from llmman.api.services import Services
 from llmman.durations import parse_duration
 from llmman.errors import LlmmanError
@@ -46,17 +47,18 @@ async def chat(request: Request) -> Response:
     """``POST /api/chat``."""
     started = time.monotonic_ns()
     upstream = chat_request(parse_json_body(await request.body()))
-    return await _infer(request.app.state.services, upstream, started)
+    return await _infer(request, upstream, started)
 
 
 async def generate(request: Request) -> Response:
     """``POST /api/generate``."""
     started = time.monotonic_ns()
     upstream = generate_request(parse_json_body(await request.body()))
-    return await _infer(request.app.state.services, upstream, started)
+    return await _infer(request, upstream, started)
 
 
-async def _infer(services: Services, upstream: UpstreamRequest, started_ns: int) -> Response:
+async def _infer(request: Request, upstream: UpstreamRequest, started_ns: int) -> Response:
+    services: Services = request.app.state.services
     gateway = services.gateway
     model = gateway.resolve(upstream.model)
     keep_alive = None if upstream.keep_alive is None else parse_duration(upstream.keep_alive)
@@ -70,8 +72,11 @@ async def _infer(services: Services, upstream: UpstreamRequest, started_ns: int)
         lease.release()
         return json_response(load_response(upstream.kind, upstream.model, created_at(), "load"))
 
-    exchange = await gateway.open(
-        model, upstream.path, orjson.dumps(upstream.body), keep_alive=keep_alive, num_ctx=num_ctx
+    # A client that goes away stops the wait and the generation (a streamed answer is cancelled by
+    # Starlette itself once it has started).
+    body = orjson.dumps(upstream.body)
+    exchange = await unless_disconnected(
+        request, gateway.open(model, upstream.path, body, keep_alive=keep_alive, num_ctx=num_ctx)
     )
     if exchange.status != 200:
         raise LlmmanError(_upstream_error_text(await exchange.read()), status=exchange.status)
@@ -79,13 +84,18 @@ async def _infer(services: Services, upstream: UpstreamRequest, started_ns: int)
     load_ns = int(exchange.lease.load_duration * 1e9)
     if not upstream.stream:
         try:
-            async for _ in _objects(exchange, transducer):
-                pass
+            await unless_disconnected(request, _drain(exchange, transducer))
         finally:
             exchange.close()
         total_ns = time.monotonic_ns() - started_ns
         return json_response(transducer.single(total_duration_ns=total_ns, load_duration_ns=load_ns))
     return StreamingResponse(_ndjson_lines(exchange, transducer, started_ns, load_ns), media_type=NDJSON)
+
+
+async def _drain(exchange: UpstreamExchange, transducer: OllamaStream) -> None:
+    """Feed the whole upstream answer to ``transducer`` (for ``stream: false``)."""
+    async for _ in _objects(exchange, transducer):
+        pass
 
 
 async def _objects(exchange: UpstreamExchange, transducer: OllamaStream) -> AsyncIterator[dict[str, object]]:

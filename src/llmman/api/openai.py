@@ -15,6 +15,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from llmman.api.cancel import unless_disconnected
 from llmman.api.services import Services
 from llmman.errors import LlmmanError, ModelNotFound
 from llmman.gateway import UpstreamExchange
@@ -43,12 +44,14 @@ async def _proxy(request: Request, path: str) -> Response:
     except ModelNotFound as exc:
         raise LlmmanError(f"model '{name}' not found", status=404, code="model_not_found") from exc
     content_type = request.headers.get("content-type", "application/json")
-    exchange = await services.gateway.open(model, path, raw, content_type=content_type)
+    # A client that goes away stops the wait (a non-streamed answer arrives only when it is complete).
+    opening = services.gateway.open(model, path, raw, content_type=content_type)
+    exchange = await unless_disconnected(request, opening)
     if body.get("stream") is True and exchange.status == 200:
         return StreamingResponse(
             _passthrough(exchange), status_code=exchange.status, headers=exchange.headers
         )
-    data = await exchange.read()
+    data = await unless_disconnected(request, exchange.read())
     return Response(data, status_code=exchange.status, headers=exchange.headers)
 
 
