@@ -107,7 +107,9 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         make_launcher(settings, binary, dict(os.environ)),
         default_keep_alive=settings.keep_alive,
     )
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=True)
+    # llama-server closes a connection after each streamed answer while announcing keep-alive, so a
+    # pooled connection can be dead when reused: one fresh loopback connection per request instead.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     session = aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
