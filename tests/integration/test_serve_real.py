@@ -215,3 +215,21 @@ def test_sigterm_leaves_no_child(tmp_path_factory: pytest.TempPathFactory, model
     assert alive == []
     with pytest.raises(httpx.TransportError):
         httpx.get(d.url + "/api/version", timeout=2)
+
+
+def test_sigkill_of_the_daemon_takes_its_child_along(tmp_path_factory: pytest.TempPathFactory,
+                                                     model_file: object) -> None:
+    from llmman.refs import parse_reference
+    from llmman.store import Store
+    from tests.integration.daemons import start_daemon
+
+    tmp = tmp_path_factory.mktemp("sigkill")
+    Store(tmp / "store").build(parse_reference(MODEL_NAME), model_file)  # type: ignore[arg-type]
+    d = start_daemon(tmp)
+    with d.client() as c:
+        assert c.post("/api/generate", json={"model": MODEL_NAME}).status_code == 200
+    children = d.children()
+    assert len(children) == 1
+    d.stop(signal.SIGKILL)
+    _gone, alive = psutil.wait_procs(children, timeout=15)
+    assert alive == []

@@ -27,6 +27,7 @@ from llmman.errors import LoadTimeout, RunnerError
 from llmman.runner.argv import LaunchSpec, build_argv
 from llmman.runner.binary import free_port
 from llmman.runner.logs import ChildLog
+from llmman.runner.orphans import die_with_parent_hook
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +209,7 @@ class LlamaServerProcess:
                     stderr=asyncio.subprocess.PIPE,
                     env=self._env,
                     start_new_session=True,  # own process group: stop() signals the whole group
+                    preexec_fn=die_with_parent_hook(),  # killed with the daemon, even by SIGKILL
                 )
             except OSError as exc:
                 raise RunnerError(f"cannot run llama-server {self.binary!r}: {exc}") from exc
