@@ -15,6 +15,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -63,7 +64,10 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
     ``XDG_CONFIG_HOME``, and a log file ``<logs_dir>/<reference>.log``.
     """
     config_home = settings.data_dir / "llama-config"
-    config_home.mkdir(parents=True, exist_ok=True)
+    try:
+        config_home.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only data dir: any empty folder will do
+        config_home = Path(tempfile.mkdtemp(prefix="llmman-llama-config-"))
     env = child_env(environ, config_home=config_home)
 
     async def launch(plan: ModelPlan, on_exit: Callable[[Runner], None]) -> Runner:

@@ -27,6 +27,9 @@ from llmman.errors import LlmmanError, RunnerError
 
 log = logging.getLogger("llmman.scheduler")
 
+MAX_KEEP_ALIVE = 292 * 365.25 * 86400.0
+"""Seconds; a longer keep_alive means forever (Go's largest duration, where Ollama's ends too)."""
+
 
 class Runner(Protocol):
     """What the scheduler needs of a started llama-server child (runner.process.LlamaServerProcess)."""
@@ -159,7 +162,7 @@ class Scheduler:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._launch = launcher
-        self._default_keep_alive = default_keep_alive
+        self._default_keep_alive = math.inf if default_keep_alive > MAX_KEEP_ALIVE else default_keep_alive
         self._stop_grace = stop_grace
         self._clock = clock
         self._table: dict[str, LoadedModel] = {}
@@ -193,7 +196,7 @@ class Scheduler:
                 entry = LoadedModel(plan=plan, keep_alive=self._default_keep_alive)
                 self._table[plan.reference] = entry
             if keep_alive is not None:
-                entry.keep_alive = keep_alive
+                entry.keep_alive = math.inf if keep_alive > MAX_KEEP_ALIVE else keep_alive
             entry.refcount += 1
             self._cancel_timer(entry)
             entry.unload_when_idle = False

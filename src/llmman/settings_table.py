@@ -102,6 +102,13 @@ def parse_host(text: str) -> HostAddress:
         host, port_text = s[1:end], s[end + 2 :]
     elif s.count(":") == 1:
         host, port_text = s.split(":")
+    elif ":" in s:
+        try:
+            ipaddress.IPv6Address(s)
+        except ValueError:
+            raise ConfigError(
+                f"invalid host {text!r}: an IPv6 address with a port goes in brackets, e.g. [::1]:17434"
+            ) from None
     if port_text:
         if not port_text.isdigit() or int(port_text) > 65535:
             raise ConfigError(f"invalid host {text!r}: bad port {port_text!r}")

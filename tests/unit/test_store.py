@@ -311,12 +311,16 @@ def test_docker_artifact_layers(store: Store, tmp_path: Path) -> None:
 
 
 def test_unreferenced_new_blobs_are_pinned_until_put(store: Store) -> None:
-    """A pull writes layers before its manifest: gc in the same process must not take them meanwhile."""
+    """A pull writes layers before its manifest: gc must not take them meanwhile, in this process (the
+    pin) nor in another one (the shared writers lock)."""
     data = b"layer bytes"
     digest = store.write_blob([data])
     assert store.gc() == [] and store.has_blob(digest)
-    # Another process (no pins) sees an orphan and collects it.
-    assert Store(store.root).gc() == [digest] and not store.has_blob(digest)
+    other = Store(store.root)  # its own lock file descriptors: stands for another process
+    assert other.gc() == [] and store.has_blob(digest)
+    # Once the writer lets go of its pins, the orphan is collected from anywhere.
+    store.layout.unpin([digest])
+    assert other.gc() == [digest] and not store.has_blob(digest)
     digest = store.write_blob([data])
     config = store.write_blob([b"{}"])
     manifest = {"schemaVersion": 2, "mediaType": mt.OCI_MANIFEST,

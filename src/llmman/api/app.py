@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from llmman.api import ollama_infer, ollama_models, openai
-from llmman.api.errors import handle_http_error, handle_llmman_error, handle_unexpected
+from llmman.api.errors import CatchAll, handle_http_error, handle_llmman_error
 from llmman.api.services import Services
 from llmman.errors import LlmmanError
 
@@ -30,10 +31,10 @@ def build_app(services: Services) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
+        middleware=[Middleware(CatchAll)],
         exception_handlers={
             LlmmanError: handle_llmman_error,
             HTTPException: handle_http_error,
-            Exception: handle_unexpected,
         },
     )
     app.state.services = services

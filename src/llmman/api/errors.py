@@ -12,8 +12,9 @@ import logging
 
 import orjson
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmman.errors import LlmmanError
 from llmman.protocol.openai import openai_error
@@ -64,7 +65,39 @@ async def handle_http_error(request: Request, exc: Exception) -> Response:
     return error_response(request.url.path, message, exc.status_code)
 
 
-async def handle_unexpected(request: Request, exc: Exception) -> Response:
-    """Last resort: log the traceback, answer 500 without it."""
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(request.url.path, "internal server error", 500)
+def unexpected_message(exc: BaseException) -> str:
+    """What a client is told about an error llmman did not anticipate: an OS error's own words
+    (e.g. ``Read-only file system: /store/index.json``), else a generic text; never a traceback."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return "internal server error"
+
+
+class CatchAll:
+    """The innermost safety net (a pure ASGI middleware): an exception no handler took becomes a
+    500 in the route's dialect, logged with its traceback, and is NOT re-raised, so uvicorn keeps the
+    client's kept-alive connection usable. A client that hung up mid-body is only logged at debug."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            log.debug("%s %s: the client went away while sending its body", scope["method"], scope["path"])
+        except Exception as exc:
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"], exc_info=exc)
+            if not started:
+                await error_response(scope["path"], unexpected_message(exc), 500)(scope, receive, send)

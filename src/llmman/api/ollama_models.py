@@ -22,11 +22,12 @@ from llmman.refs import parse_reference
 from llmman.store import StoredModel
 
 FOREVER_YEARS = 292  # Go's max duration, as Ollama shows a model kept forever
+_LATEST = datetime(9999, 1, 1, tzinfo=UTC).timestamp()  # later times cannot be formatted
 
 
 def rfc3339(ts: float, *, local: bool = False) -> str:
     """Unix seconds as RFC 3339 (UTC with ``Z``, or the local offset for ``modified_at``)."""
-    moment = datetime.fromtimestamp(ts, UTC)
+    moment = datetime.fromtimestamp(min(ts, _LATEST), UTC)
     if local:
         return moment.astimezone().isoformat()
     return moment.isoformat().replace("+00:00", "Z")
@@ -193,6 +194,9 @@ async def copy(request: Request) -> Response:
         resolved = services.gateway.resolve(source)
     except ModelNotFound as exc:
         raise ModelNotFound(source) from exc
-    services.store.tag(parse_reference(resolved.stored.reference), parse_reference(destination, aliases))
+    target = parse_reference(destination, aliases)
+    if target.digest is not None:
+        raise BadRequest(f"invalid destination {destination!r}: a copy is named by a tag, not a digest")
+    services.store.tag(parse_reference(resolved.stored.reference), target)
     return Response(status_code=200)
 

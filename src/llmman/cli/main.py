@@ -171,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # e.g. a read-only store: the OS's words, no traceback
+        _flush_stdout()
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"Error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
 
 
 def _flush_stdout() -> None:

@@ -121,7 +121,7 @@ def _check(key: str, value: object, kind: _Kind) -> object:
     if kind == "integer":
         if isinstance(value, float) and value.is_integer():
             value = int(value)
-        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
     elif kind == "float":
         ok = isinstance(value, int | float) and not isinstance(value, bool)
     elif kind == "boolean":
@@ -131,6 +131,8 @@ def _check(key: str, value: object, kind: _Kind) -> object:
             value = [value]
         ok = isinstance(value, list) and all(isinstance(s, str) for s in value)
     if not ok:
+        if kind == "integer" and isinstance(value, int) and not isinstance(value, bool):
+            raise BadRequest(f'option "{key}" is out of range for a 64-bit integer')
         raise BadRequest(f'option "{key}" must be of type {kind}')
     return value
 

@@ -246,7 +246,9 @@ class Store:
             reachable: set[str] = set()
             readable = all(self._reach(d, reachable) for d in tops)
             removed = []
-            if readable:
+            if readable and self.layout.others_writing():
+                log.info("gc: another process is writing to the store; keeping unreferenced blobs for now")
+            elif readable:
                 present = self.layout.blob_digests()
                 keep = reachable | self.layout.pinned()
                 for digest in present:

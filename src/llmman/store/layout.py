@@ -100,6 +100,7 @@ class Layout:
         self._lock_fd: int | None = None
         self._pins: dict[str, float] = {}
         self._pins_lock = threading.Lock()
+        self._writers_fd: int | None = None
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -181,15 +182,41 @@ class Layout:
             raise StoreError(f"blob {digest} is missing from the store") from exc
 
     def pin(self, digest: str) -> None:
-        """Protect ``digest`` from :meth:`collectable` (in this process) while it is not yet referenced."""
+        """Protect ``digest`` from gc while it is not yet referenced: in this process by the pin itself,
+        in other processes by a shared flock on ``writers.lock`` held while this process has any pin
+        (their gc then deletes no blob, see :meth:`others_writing`). Call with the store lock held."""
         with self._pins_lock:
+            if not self._pins:
+                self._writers_flock(fcntl.LOCK_SH)
             self._pins[digest] = time.monotonic()
 
     def unpin(self, digests: Iterable[str]) -> None:
         """Drop pins (called once a manifest referencing the digests is in the index)."""
         with self._pins_lock:
+            had = bool(self._pins)
             for d in digests:
                 self._pins.pop(d, None)
+            if had and not self._pins:
+                self._writers_flock(fcntl.LOCK_UN)
+
+    def others_writing(self) -> bool:
+        """True when another process holds pins (an in-flight build or pull): its unreferenced blobs
+        are invisible from here, so gc must keep every blob. Call with the store lock held."""
+        with self._pins_lock:
+            try:
+                self._writers_flock(fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                busy = True
+            else:
+                busy = False
+            self._writers_flock(fcntl.LOCK_SH if self._pins else fcntl.LOCK_UN)
+            return busy
+
+    def _writers_flock(self, op: int) -> None:
+        if self._writers_fd is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._writers_fd = os.open(self.root / "writers.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._writers_fd, op)
 
     def pinned(self) -> set[str]:
         """Digests pinned less than :data:`PIN_TTL_S` seconds ago."""
