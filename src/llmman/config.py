@@ -67,6 +67,9 @@ class Settings:
     llama_server: str
     shutdown_grace: float
     debug: bool
+    offline: bool
+    memory: int = 0
+    reserve: int = 0
     aliases: dict[str, str] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
 

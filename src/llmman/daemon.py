@@ -27,10 +27,14 @@ from llmman.api.services import Services
 from llmman.config import Settings
 from llmman.errors import LlmmanError
 from llmman.gateway import Gateway
+from llmman.gpu import node_memory
+from llmman.registry.credentials import CredentialStore, default_credentials_path
+from llmman.registry.puller import Puller
 from llmman.runner.argv import LaunchSpec, child_env
 from llmman.runner.binary import find_llama_server
 from llmman.runner.process import LlamaServerProcess
 from llmman.scheduler import Launcher, ModelPlan, Runner, Scheduler
+from llmman.sizes import format_bytes
 from llmman.store import Store
 
 log = logging.getLogger("llmman")
@@ -75,10 +79,12 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
             model_path=Path(plan.model_path),
             alias=plan.reference,
             n_ctx=plan.n_ctx,
-            n_parallel=settings.num_parallel,
+            n_parallel=plan.n_parallel,
             mmproj=Path(plan.mmproj_path) if plan.mmproj_path else None,
+            embedding=plan.embedding,
+            extra_args=("--pooling", plan.pooling) if plan.pooling else (),
         )
-        log_name = plan.reference.replace("/", "_").replace(":", "_") + ".log"
+        log_name = plan.key.replace("/", "_").replace(":", "_").replace("#", "_") + ".log"
         process = LlamaServerProcess(
             binary,
             spec,
@@ -86,6 +92,7 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
             log_path=settings.logs_dir / log_name,
             stall_timeout=settings.load_timeout,
             on_exit=on_exit,
+            ring_lines=500,  # enough to hold the buffer-size lines read for the model's real memory
         )
         await process.start()
         return process
@@ -96,7 +103,7 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
 async def _preload(gateway: Gateway, name: str) -> None:
     """``llmman serve MODEL``: load MODEL now and keep it loaded (keep_alive forever)."""
     try:
-        lease = await gateway.acquire(gateway.resolve(name), keep_alive=math.inf, num_ctx=None)
+        lease = await gateway.acquire(await gateway.ensure(name), keep_alive=math.inf, num_ctx=None)
         lease.release()
         log.info("preloaded %s", name)
     except LlmmanError as exc:
@@ -107,9 +114,15 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
     """Serve until a signal arrives; returns the process exit code."""
     binary = find_llama_server(settings.llama_server, path_env=os.environ.get("PATH", ""))
     store = Store(settings.models)
+    node = node_memory(cap=settings.memory, reserve=settings.reserve)
+    log.info("memory for models: %s (%s, %d device(s))", format_bytes(node.capacity), node.accelerator,
+             len(node.devices))
     scheduler = Scheduler(
         make_launcher(settings, binary, dict(os.environ)),
         default_keep_alive=settings.keep_alive,
+        capacity=node.capacity,
+        max_loaded=settings.max_loaded_models,
+        max_queue=settings.max_queue,
     )
     # llama-server closes a connection after each streamed answer while announcing keep-alive, so a
     # pooled connection can be dead when reused: one fresh loopback connection per request instead.
@@ -120,8 +133,11 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         auto_decompress=False,
     )
     gateway = Gateway(store, scheduler, session, context_length=settings.context_length,
-                      aliases=settings.aliases)
-    app = build_app(Services(settings=settings, store=store, scheduler=scheduler, gateway=gateway))
+                      aliases=settings.aliases, num_parallel=settings.num_parallel)
+    puller = Puller(store, CredentialStore(default_credentials_path()), offline=settings.offline)
+    gateway.puller = puller  # models missing from the store are pulled on first use
+    app = build_app(Services(settings=settings, store=store, scheduler=scheduler, gateway=gateway,
+                             puller=puller))
     config = uvicorn.Config(
         app,
         host=settings.host.bind_host,

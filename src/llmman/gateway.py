@@ -12,6 +12,7 @@ Placement across an aggregation (a later issue) plugs in before :meth:`Gateway.p
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 import aiohttp
 
 from llmman.errors import LlmmanError, ModelNotFound, NotFound, RunnerError
+from llmman.memory import estimate
 from llmman.refs import Reference, parse_reference
+from llmman.registry.puller import Puller
 from llmman.scheduler import Lease, ModelPlan, Scheduler
 from llmman.store import Store, StoredModel
 
@@ -37,6 +40,18 @@ class ResolvedModel:
     requested: str
     reference: Reference
     stored: StoredModel
+
+
+async def _exited(runner: object, *, within: float) -> bool:
+    """True when ``runner`` (a runner.process.LlamaServerProcess) exits within ``within`` seconds."""
+    exited = getattr(runner, "exited", None)
+    if not isinstance(exited, asyncio.Event):
+        return False
+    try:
+        await asyncio.wait_for(exited.wait(), within)
+    except TimeoutError:
+        return False
+    return True
 
 
 class UpstreamExchange:
@@ -104,12 +119,15 @@ class Gateway:
         *,
         context_length: int,
         aliases: dict[str, str],
+        num_parallel: int = 1,
     ) -> None:
         self.store = store
         self.scheduler = scheduler
         self._session = session
         self._context_length = context_length
         self._aliases = aliases
+        self._num_parallel = num_parallel
+        self.puller: Puller | None = None  # set by the daemon: models missing from the store are pulled
 
     def resolve(self, name: str) -> ResolvedModel:
         """Find ``name`` in the store (reference rules of SPEC B).
@@ -126,9 +144,33 @@ class Gateway:
             raise ModelNotFound(name)
         return ResolvedModel(requested=name, reference=ref, stored=stored)
 
-    def plan(self, model: ResolvedModel, num_ctx: int | None = None) -> ModelPlan:
+    async def ensure(self, name: str) -> ResolvedModel:
+        """Like :meth:`resolve`, but a model missing from the store is pulled first (once, however many
+        requests wait: :meth:`Puller.ensure` is single-flight per reference) when a puller is set.
+
+        Raises:
+            ModelNotFound: 404 ``model '<name>' not found: <why the pull failed>``, never a 500.
+        """
+        try:
+            return self.resolve(name)
+        except ModelNotFound:
+            if self.puller is None:
+                raise
+        puller = self.puller
+        try:
+            ref = parse_reference(name, self._aliases)
+            await asyncio.to_thread(puller.ensure, ref)
+        except LlmmanError as exc:
+            raise ModelNotFound(name, exc.message) from exc
+        except OSError as exc:
+            raise ModelNotFound(name, f"pull failed: {exc.strerror or exc}") from exc
+        return self.resolve(name)
+
+    def plan(self, model: ResolvedModel, num_ctx: int | None = None, *, embedding: bool = False) -> ModelPlan:
         """Build the scheduler's plan for ``model``: files, size and the per-slot context
-        (``num_ctx`` or the default, clamped to the GGUF's trained context)."""
+        (``num_ctx`` or the default, clamped to the GGUF's trained context). ``embedding`` asks for a
+        child started with ``--embeddings`` (plus ``--pooling mean`` for a model whose GGUF names no
+        pooling type, i.e. a chat model: llama-server refuses OpenAI embeddings with pooling ``none``)."""
         files = self.store.files(model.stored)
         info = self.store.info(model.stored)
         n_ctx = num_ctx if num_ctx and num_ctx > 0 else self._context_length
@@ -142,19 +184,30 @@ class Gateway:
             "parameter_size": info.parameter_size or "",
             "quantization_level": info.quantization or "",
         }
+        n_ctx = max(n_ctx, 256)
+        projector = files.mmproj.stat().st_size if files.mmproj and files.mmproj.exists() else 0
+        predicted = estimate(info, n_ctx=n_ctx, n_parallel=self._num_parallel, extra_weights=projector)
         return ModelPlan(
             reference=model.stored.reference,
             digest=model.stored.digest,
             size=model.stored.size,
-            n_ctx=max(n_ctx, 256),
+            n_ctx=n_ctx,
             model_path=str(files.model),
             mmproj_path=str(files.mmproj) if files.mmproj else None,
             details=details,
+            estimate=predicted.total,
+            n_parallel=self._num_parallel,
+            embedding=embedding,
+            pooling="mean" if embedding and f"{info.architecture}.pooling_type" not in info.metadata
+            else None,
         )
 
-    async def acquire(self, model: ResolvedModel, *, keep_alive: float | None, num_ctx: int | None) -> Lease:
-        """Lease ``model``'s child, loading it if needed (see :meth:`Scheduler.acquire`)."""
-        return await self.scheduler.acquire(self.plan(model, num_ctx), keep_alive=keep_alive)
+    async def acquire(self, model: ResolvedModel, *, keep_alive: float | None, num_ctx: int | None,
+                      embedding: bool = False) -> Lease:
+        """Lease ``model``'s child (its embedding child if ``embedding``), loading it if needed (see
+        :meth:`Scheduler.acquire`)."""
+        plan = self.plan(model, num_ctx, embedding=embedding)
+        return await self.scheduler.acquire(plan, keep_alive=keep_alive)
 
     async def open(
         self,
@@ -165,6 +218,7 @@ class Gateway:
         keep_alive: float | None = None,
         num_ctx: int | None = None,
         content_type: str = "application/json",
+        embedding: bool = False,
     ) -> UpstreamExchange:
         """POST ``body`` to ``path`` on the model's child and wait for the status line.
 
@@ -174,21 +228,31 @@ class Gateway:
             ModelNotFound, RunnerError: as :meth:`acquire`; RunnerError also when the child
                 refuses the connection (it died between the lease and the request).
         """
-        lease = await self.acquire(model, keep_alive=keep_alive, num_ctx=num_ctx)
-        try:
-            response = await self._session.post(
-                lease.base_url + path,
-                data=body,
-                headers={"Content-Type": content_type, "Accept-Encoding": "identity"},
-                auto_decompress=False,
-            )
-        except aiohttp.ClientError as exc:
-            lease.release()
-            raise RunnerError(f"llama-server for {lease.reference} is not answering: {exc}") from exc
-        except BaseException:
-            lease.release()
-            raise
-        return UpstreamExchange(response, lease)
+        for attempt in (1, 2):
+            lease = await self.acquire(model, keep_alive=keep_alive, num_ctx=num_ctx, embedding=embedding)
+            try:
+                response = await self._session.post(
+                    lease.base_url + path,
+                    data=body,
+                    headers={"Content-Type": content_type, "Accept-Encoding": "identity"},
+                    auto_decompress=False,
+                )
+            except aiohttp.ClientConnectionError as exc:
+                lease.release()
+                # The child may have died a moment ago (killed, crashed) and not been reaped yet: once
+                # its exit is recorded the scheduler forgets it, and a second try loads a new one.
+                if attempt == 1 and await _exited(lease.runner, within=3.0):
+                    log.info("llama-server for %s had exited; loading it again", lease.reference)
+                    continue
+                raise RunnerError(f"llama-server for {lease.reference} is not answering: {exc}") from exc
+            except aiohttp.ClientError as exc:
+                lease.release()
+                raise RunnerError(f"llama-server for {lease.reference} is not answering: {exc}") from exc
+            except BaseException:
+                lease.release()
+                raise
+            return UpstreamExchange(response, lease)
+        raise AssertionError("unreachable")
 
     async def get_json(self, lease: Lease, path: str) -> object:
         """GET a small JSON document from a leased child (e.g. ``/props``)."""

@@ -8,8 +8,16 @@ negative value (``math.inf`` here) keeps it forever, anything else expires after
 
 Loading is single-flight per model (one ``llama-server`` start however many requests wait for it)
 and never blocks other models: each model has its own load task, the table itself is only touched
-between awaits. Memory-aware admission and eviction come later; :meth:`Scheduler._admit` is the
-seam where that policy plugs in.
+between awaits.
+
+Memory-aware admission (:meth:`Scheduler._admit`): a model is admitted when its memory (the GGUF
+estimate, ``plan.estimate`` bytes) fits the node's capacity beside the admitted models (each counted
+at what llama-server reported after its load, else its estimate) and ``max_loaded`` allows one more.
+Otherwise :func:`llmman.eviction.choose_victims` picks models to unload: idle ones go at once, busy
+ones are marked and unloaded when their last request ends (never cut). One admission at a time.
+A model larger than the whole capacity fails at once, naming both figures. Requests that would
+wait (for a load, or for a slot beyond ``n_parallel``) are bounded by ``max_queue``: past it,
+Ollama's 503 ``server busy`` with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from llmman.errors import LlmmanError, RunnerError
+from llmman.errors import LlmmanError, RunnerError, ServerBusy
+from llmman.eviction import Candidate, choose_victims
+from llmman.memory import parse_buffers
+from llmman.sizes import format_bytes
 
 log = logging.getLogger("llmman.scheduler")
 
@@ -55,6 +66,10 @@ class ModelPlan:
         model_path: the file for llama-server's ``-m`` (first shard of a split GGUF).
         mmproj_path: the multimodal projector for ``--mmproj``, or None.
         details: Ollama ``details`` object for listings (family, parameter_size, quantization_level).
+        estimate: predicted memory in bytes (llmman.memory.estimate), 0 = unknown (admitted freely).
+        n_parallel: slots (``-np``); requests beyond them wait inside llama-server and count as queued.
+        embedding: start the child with ``--embeddings`` (its own child, beside a chat child of the model).
+        pooling: ``--pooling`` for an embedding child (``mean`` for chat models whose GGUF has none), or None.
     """
 
     reference: str
@@ -64,6 +79,15 @@ class ModelPlan:
     model_path: str = ""
     mmproj_path: str | None = None
     details: dict[str, object] = field(default_factory=dict)
+    estimate: int = 0
+    n_parallel: int = 1
+    embedding: bool = False
+    pooling: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The scheduler's table key: the reference, plus ``#embedding`` for an embedding child."""
+        return self.reference + "#embedding" if self.embedding else self.reference
 
 
 Launcher = Callable[[ModelPlan, Callable[[Runner], None]], Awaitable[Runner]]
@@ -84,11 +108,21 @@ class LoadedModel:
     load_task: asyncio.Task[Runner] | None = None
     timer: asyncio.TimerHandle | None = None
     unload_when_idle: bool = False
+    admitted: bool = False  # counted against the node's memory
+    evicting: bool = False  # chosen to make room: unload when idle, whatever keep_alive says
+    usage_host: int = 0  # bytes llama-server reported after loading (0 = not reported)
+    usage_device: int = 0
 
     @property
     def ready(self) -> bool:
         """True once the child answered ``/health`` with 200."""
         return self.runner is not None
+
+    @property
+    def memory(self) -> int:
+        """Bytes this model takes: llama-server's own figure once loaded, else the estimate."""
+        measured = self.usage_host + self.usage_device
+        return measured if measured else self.plan.estimate
 
 
 @dataclass(frozen=True)
@@ -108,6 +142,8 @@ class LoadedSnapshot:
     refcount: int
     ready: bool
     pid: int | None
+    memory: int = 0
+    memory_device: int = 0
 
 
 class Lease:
@@ -128,6 +164,7 @@ class Lease:
         self.base_url = runner.base_url
         self.reference = entry.plan.reference
         self.load_duration = load_duration
+        self.runner = runner
         self._released = False
 
     def release(self) -> None:
@@ -151,6 +188,9 @@ class Scheduler:
         default_keep_alive: seconds (``math.inf`` = forever), from ``server.keep_alive``.
         stop_grace: seconds between SIGTERM and SIGKILL when stopping a child.
         clock: wall clock in unix seconds (injected for tests).
+        capacity: bytes models may take on this node (llmman.gpu.NodeMemory.capacity); 0 = no limit.
+        max_loaded: most models loaded at once; 0 = no limit but memory.
+        max_queue: most requests waiting (for a load or a slot) before 503; 0 = no limit.
     """
 
     def __init__(
@@ -160,6 +200,9 @@ class Scheduler:
         default_keep_alive: float,
         stop_grace: float = 10.0,
         clock: Callable[[], float] = time.time,
+        capacity: int = 0,
+        max_loaded: int = 0,
+        max_queue: int = 0,
     ) -> None:
         self._launch = launcher
         self._default_keep_alive = math.inf if default_keep_alive > MAX_KEEP_ALIVE else default_keep_alive
@@ -168,6 +211,11 @@ class Scheduler:
         self._table: dict[str, LoadedModel] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.capacity = capacity
+        self._max_loaded = max_loaded
+        self._max_queue = max_queue
+        self._admit_lock = asyncio.Lock()
+        self._changed = asyncio.Event()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -187,14 +235,17 @@ class Scheduler:
         while True:
             if self._closed:
                 raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
-            entry = self._table.get(plan.reference)
+            entry = self._table.get(plan.key)
             if entry is not None and entry.ready and entry.plan.n_ctx < plan.n_ctx and entry.refcount == 0:
                 # A bigger context was asked for and nobody is using the model: reload it.
                 await self._unload_entry(entry)
                 continue
+            queued = entry is None or not entry.ready or entry.refcount >= entry.plan.n_parallel
+            if queued and self._max_queue and self.queued() >= self._max_queue:
+                raise ServerBusy()
             if entry is None:
                 entry = LoadedModel(plan=plan, keep_alive=self._default_keep_alive)
-                self._table[plan.reference] = entry
+                self._table[plan.key] = entry
             if keep_alive is not None:
                 entry.keep_alive = math.inf if keep_alive > MAX_KEEP_ALIVE else keep_alive
             entry.refcount += 1
@@ -206,11 +257,11 @@ class Scheduler:
                 entry.refcount -= 1
                 if entry.ready:  # cancelled after the load finished: nobody else may start its timer
                     self._idle(entry)
-                elif self._table.get(plan.reference) is entry and entry.refcount == 0:
+                elif self._table.get(plan.key) is entry and entry.refcount == 0:
                     if entry.load_task is None or entry.load_task.done():
-                        self._table.pop(plan.reference, None)
+                        self._table.pop(plan.key, None)
                 raise
-            if self._table.get(plan.reference) is not entry:
+            if self._table.get(plan.key) is not entry:
                 # The model died or was unloaded between ready and now: start over.
                 entry.refcount -= 1
                 continue
@@ -225,17 +276,25 @@ class Scheduler:
         return await asyncio.shield(entry.load_task)
 
     async def _load(self, entry: LoadedModel) -> Runner:
-        await self._admit(entry.plan)
-        log.info("loading %s (n_ctx %d)", entry.plan.reference, entry.plan.n_ctx)
         try:
+            await self._admit(entry)
+            log.info("loading %s (n_ctx %d, estimate %s)", entry.plan.reference, entry.plan.n_ctx,
+                     format_bytes(entry.plan.estimate))
             runner = await self._launch(entry.plan, lambda r: self._on_exit(entry, r))
         except BaseException:
-            if self._table.get(entry.plan.reference) is entry:
-                self._table.pop(entry.plan.reference, None)
+            if self._table.get(entry.plan.key) is entry:
+                self._table.pop(entry.plan.key, None)
+            self._notify()
             raise
+        lines = getattr(runner, "log_lines", None)
+        usage = parse_buffers(lines) if isinstance(lines, list) else None
+        if usage is not None:
+            entry.usage_host, entry.usage_device = usage.host, usage.device
+            log.info("%s uses %s (estimated %s)", entry.plan.reference, format_bytes(usage.total),
+                     format_bytes(entry.plan.estimate))
         entry.runner = runner
         entry.started_at = self._clock()
-        if self._closed or self._table.get(entry.plan.reference) is not entry:
+        if self._closed or self._table.get(entry.plan.key) is not entry:
             await runner.stop(self._stop_grace)
             raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
         log.info("%s ready at %s", entry.plan.reference, runner.base_url)
@@ -243,19 +302,72 @@ class Scheduler:
             self._idle(entry)
         return runner
 
-    async def _admit(self, plan: ModelPlan) -> None:
-        """Seam for memory-aware admission and eviction (a later issue): make room for ``plan``."""
+    async def _admit(self, entry: LoadedModel) -> None:
+        """Make room for ``entry`` (see the module docstring); returns once it is admitted.
+
+        Raises:
+            LlmmanError: 500 ``insufficient_memory`` when the model is larger than the whole capacity;
+                503 when the daemon shuts down meanwhile.
+        """
+        need = entry.plan.estimate
+        if self.capacity and need > self.capacity:
+            raise LlmmanError(
+                f"model {entry.plan.reference} needs {format_bytes(need)} of memory, but this node has "
+                f"{format_bytes(self.capacity)} for models (resources.memory minus resources.reserve)",
+                status=500, code="insufficient_memory",
+            )  # fmt: skip
+        async with self._admit_lock:
+            while True:
+                if self._closed:
+                    raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
+                others = [e for e in self._table.values() if e is not entry and e.admitted]
+                short = sum(e.memory for e in others) + need - self.capacity if self.capacity else 0
+                excess = len(others) + 1 - self._max_loaded if self._max_loaded else 0
+                if short <= 0 and excess <= 0:
+                    entry.admitted = True
+                    return
+                keys = {f"{e.plan.reference}#{i}": e for i, e in enumerate(others)}
+                candidates = [
+                    Candidate(key, e.memory, busy=e.refcount > 0 or not e.ready,
+                              pinned=math.isinf(e.keep_alive), reload_cost=e.plan.size)
+                    for key, e in keys.items()
+                ]  # fmt: skip
+                changed = self._changed
+                unloaded = False
+                for key in choose_victims(candidates, need_bytes=short, need_count=excess):
+                    victim = keys[key]
+                    if victim.ready and victim.refcount == 0:
+                        log.info("unloading %s to make room for %s", victim.plan.reference,
+                                 entry.plan.reference)
+                        await self._unload_entry(victim)
+                        unloaded = True
+                    elif not victim.evicting:
+                        log.info("%s waits for %s to finish its requests", entry.plan.reference,
+                                 victim.plan.reference)
+                        victim.evicting = True
+                if not unloaded:
+                    await changed.wait()
+
+    def _notify(self) -> None:
+        """Wake admissions waiting for a model to drain or go."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def queued(self) -> int:
+        """Requests waiting: for a load, or for a slot of a model whose slots are all busy."""
+        return sum(max(0, e.refcount - e.plan.n_parallel * e.ready) for e in self._table.values())
 
     def _release(self, entry: LoadedModel) -> None:
         entry.refcount -= 1
         self._idle(entry)
+        self._notify()
 
     def _idle(self, entry: LoadedModel) -> None:
         """Start ``entry``'s keep_alive (or unload it) if nobody holds it now."""
-        if entry.refcount > 0 or self._table.get(entry.plan.reference) is not entry:
+        if entry.refcount > 0 or self._table.get(entry.plan.key) is not entry:
             return
         self._cancel_timer(entry)
-        if entry.unload_when_idle or entry.keep_alive <= 0:
+        if entry.unload_when_idle or entry.evicting or entry.keep_alive <= 0:
             self._spawn_stop(entry)
             return
         if math.isinf(entry.keep_alive):
@@ -267,26 +379,32 @@ class Scheduler:
 
     def _expire(self, entry: LoadedModel) -> None:
         entry.timer = None
-        if entry.refcount == 0 and self._table.get(entry.plan.reference) is entry:
+        if entry.refcount == 0 and self._table.get(entry.plan.key) is entry:
             log.info("%s idle past its keep_alive, unloading", entry.plan.reference)
             self._spawn_stop(entry)
 
     def _on_exit(self, entry: LoadedModel, runner: Runner) -> None:
         """Called by the child when it dies on its own: forget it at once (the next request reloads)."""
-        if self._table.get(entry.plan.reference) is entry:
+        if self._table.get(entry.plan.key) is entry:
             log.warning("llama-server for %s exited unexpectedly", entry.plan.reference)
-            self._table.pop(entry.plan.reference, None)
+            self._table.pop(entry.plan.key, None)
             self._cancel_timer(entry)
+            self._notify()
 
     # -- unloading ---------------------------------------------------------------------------
 
     async def unload(self, reference: str) -> bool:
         """Unload a model as Ollama's ``keep_alive: 0`` does: at once when idle, else when the last
-        in-flight request finishes. A load in progress is waited for first, then unloaded.
+        in-flight request finishes. A load in progress is waited for first, then unloaded. Its
+        embedding child (ModelPlan.embedding), if any, goes too.
 
         Returns:
             True if the model was loaded (or loading), False if it was not in the table.
         """
+        embedding = await self._unload_key(reference + "#embedding")
+        return await self._unload_key(reference) or embedding
+
+    async def _unload_key(self, reference: str) -> bool:
         entry = self._table.get(reference)
         if entry is None:
             return False
@@ -303,10 +421,13 @@ class Scheduler:
 
     async def _unload_entry(self, entry: LoadedModel) -> None:
         self._cancel_timer(entry)
-        if self._table.get(entry.plan.reference) is entry:
-            self._table.pop(entry.plan.reference, None)
-        if entry.runner is not None:
-            await entry.runner.stop(self._stop_grace)
+        if self._table.get(entry.plan.key) is entry:
+            self._table.pop(entry.plan.key, None)
+        try:
+            if entry.runner is not None:
+                await entry.runner.stop(self._stop_grace)
+        finally:
+            self._notify()
 
     def _spawn_stop(self, entry: LoadedModel) -> None:
         task = asyncio.create_task(self._unload_entry(entry), name=f"unload {entry.plan.reference}")
@@ -346,6 +467,8 @@ class Scheduler:
                     refcount=entry.refcount,
                     ready=entry.ready,
                     pid=entry.runner.pid if entry.runner is not None else None,
+                    memory=entry.memory,
+                    memory_device=entry.usage_device,
                 )
             )
         return out
@@ -358,6 +481,7 @@ class Scheduler:
     async def close(self) -> None:
         """Stop every child (SIGTERM, grace, SIGKILL) and refuse new work. Idempotent."""
         self._closed = True
+        self._notify()
         entries = list(self._table.values())
         self._table.clear()
         for entry in entries:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from llmman.durations import format_duration, parse_duration
 from llmman.errors import BadRequest, ConfigError
+from llmman.sizes import parse_size
 
 __all__ = ["SETTINGS", "HostAddress", "Kind", "SettingSpec", "convert", "display", "parse_bool", "parse_host"]
 
@@ -127,6 +128,7 @@ class Kind(Enum):
     INT = "int"
     STR = "str"
     BOOL = "bool"
+    SIZE = "size"
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,12 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "On SIGTERM/SIGINT, how long in-flight requests may finish before children stop."),
     SettingSpec("server.debug", "LLMMAN_DEBUG", None, Kind.BOOL, "false",
                 "Debug logging: 1/true/yes/on or a non-zero integer."),
+    SettingSpec("server.offline", "LLMMAN_OFFLINE", None, Kind.BOOL, "false",
+                "Pull only from registries on this machine (loopback); anything else fails at once."),
+    SettingSpec("resources.memory", "LLMMAN_MEMORY", None, Kind.SIZE, "0",
+                "Cap on the memory llmman fills with models on this node (24GB, 512MiB); 0 = all."),
+    SettingSpec("resources.reserve", "LLMMAN_MEMORY_RESERVE", None, Kind.SIZE, "0",
+                "Memory kept back from models on this node (bytes or 2GB, 512MiB)."),
 )
 # fmt: on
 
@@ -237,6 +245,10 @@ def convert(spec: SettingSpec, raw: object, *, strict_types: bool) -> object:
         if spec.minimum is not None and raw < spec.minimum:
             raise ValueError(f"must be at least {spec.minimum}, got {raw}")
         return raw
+    if kind is Kind.SIZE:
+        if (strict_types and not isinstance(raw, int | str)) or isinstance(raw, bool):
+            raise ValueError(f"expected a size such as 24GB, got {_type_name(raw)}")
+        return parse_size(raw)
     if kind is Kind.DURATION:
         try:
             return parse_duration(raw, what=spec.key)

@@ -85,6 +85,7 @@ def start_daemon(tmp: Path, *, extra_env: Mapping[str, str] | None = None, host:
         XDG_DATA_HOME=str(home / ".local" / "share"),
         LLMMAN_HOST=f"{host}:{port}",
         LLMMAN_MODELS=str(store),
+        LLMMAN_OFFLINE="1",  # tests never reach a registry off this machine
         PYTHONUNBUFFERED="1",
     )
     env.update(extra_env or {})

@@ -138,6 +138,9 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_LLAMA_SERVER": "/opt/llama/bin/llama-server",
         "LLMMAN_SHUTDOWN_GRACE": "500ms",
         "LLMMAN_DEBUG": "yes",
+        "LLMMAN_MEMORY": "24GB",
+        "LLMMAN_MEMORY_RESERVE": "512MiB",
+        "LLMMAN_OFFLINE": "1",
     }
     s = load(files, env)
     assert s.host == HostAddress("https", "example.com", 443)
@@ -147,6 +150,8 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
     assert s.llama_server == "/opt/llama/bin/llama-server"
     assert s.shutdown_grace == 0.5
     assert s.debug is True
+    assert (s.memory, s.reserve) == (24 * 10**9, 512 * 2**20)
+    assert s.offline is True
     assert {origin for key, origin in s.origins.items()} == {f"env {spec.env}" for spec in SETTINGS}
 
 

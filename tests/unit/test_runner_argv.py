@@ -19,6 +19,7 @@ def test_build_argv_minimal_golden() -> None:
     assert build_argv("/bin/llama-server", spec, host="127.0.0.1", port=40001) == [
         "/bin/llama-server", "-m", "/models/smol.gguf", "--host", "127.0.0.1", "--port", "40001",
         "-c", "4096", "-np", "1", "--no-kv-unified", "-a", "smol:latest", "--no-ui", "--metrics",
+        "--log-verbosity", "4",
     ]  # fmt: skip
 
 
@@ -37,6 +38,7 @@ def test_build_argv_full_golden() -> None:
     assert build_argv("llama-server", spec, host="::1", port=9) == [
         "llama-server", "-m", "/models/smol.gguf", "--host", "::1", "--port", "9",
         "-c", "8192", "-np", "4", "--no-kv-unified", "-a", "llava", "--no-ui", "--metrics",
+        "--log-verbosity", "4",
         "--mmproj", "/models/mmproj.gguf", "-ngl", "-2", "--embeddings", "-t", "3",
         "--cache-ram", "512", "--no-warmup",
     ]  # fmt: skip

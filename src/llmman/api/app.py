@@ -7,9 +7,10 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from llmman.api import ollama_infer, ollama_models, openai
+from llmman.api import anthropic, embeddings, node, ollama_infer, ollama_models, openai, responses
 from llmman.api.errors import CatchAll, handle_http_error, handle_llmman_error
 from llmman.api.services import Services
+from llmman.api.transfer_routes import transfer_routes
 from llmman.errors import LlmmanError
 
 
@@ -28,6 +29,15 @@ def build_app(services: Services) -> Starlette:
         Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai.completions, methods=["POST"]),
         Route("/v1/models", openai.models, methods=["GET"]),
+        Route("/llmman/node", node.node, methods=["GET"]),
+        *transfer_routes(),
+        Route("/v1/messages", anthropic.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
+        Route("/v1/responses", responses.responses, methods=["POST"]),
+        Route("/v1/responses/input_tokens", responses.input_tokens, methods=["POST"]),
+        Route("/api/embed", embeddings.embed, methods=["POST"]),
+        Route("/api/embeddings", embeddings.embeddings_legacy, methods=["POST"]),
+        Route("/v1/embeddings", embeddings.v1_embeddings, methods=["POST"]),
     ]
     app = Starlette(
         routes=routes,

@@ -1,6 +1,7 @@
 """Rendering errors in each client's dialect.
 
-Ollama routes answer ``{"error": "<text>"}``; OpenAI routes (``/v1/...``) answer
+Ollama routes answer ``{"error": "<text>"}``; Anthropic routes (``/v1/messages``) answer
+``{"type": "error", "error": {"type", "message"}}``; other OpenAI routes (``/v1/...``) answer
 ``{"error": {"message", "type", "param", "code"}}``. Both carry the real HTTP status and a
 ``Retry-After`` header when the error has one. Unexpected exceptions become a 500 with a generic
 text (the traceback goes to the daemon log, never to the client).
@@ -17,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmman.errors import LlmmanError
+from llmman.protocol.anthropic import anthropic_error
 from llmman.protocol.openai import openai_error
 
 log = logging.getLogger("llmman.api")
@@ -27,8 +29,15 @@ def is_openai_path(path: str) -> bool:
     return path.startswith("/v1/")
 
 
+def is_anthropic_path(path: str) -> bool:
+    """True for the Anthropic Messages routes (``/v1/messages...``), which answer Anthropic's error shape."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
 def error_body(path: str, message: str, status: int, code: str | None = None) -> bytes:
     """The JSON error body for ``path``'s dialect."""
+    if is_anthropic_path(path):
+        return orjson.dumps(anthropic_error(message, status=status))
     if is_openai_path(path):
         return orjson.dumps(openai_error(message, status=status, code=code))
     return orjson.dumps({"error": message})

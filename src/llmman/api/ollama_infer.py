@@ -60,7 +60,7 @@ async def generate(request: Request) -> Response:
 async def _infer(request: Request, upstream: UpstreamRequest, started_ns: int) -> Response:
     services: Services = request.app.state.services
     gateway = services.gateway
-    model = gateway.resolve(upstream.model)
+    model = await gateway.ensure(upstream.model)
     keep_alive = None if upstream.keep_alive is None else parse_duration(upstream.keep_alive)
     num_ctx = upstream.runner.num_ctx
 

@@ -102,8 +102,8 @@ async def ps(request: Request) -> Response:
                 {
                     "name": snap.reference,
                     "model": snap.reference,
-                    "size": snap.size,
-                    "size_vram": 0,
+                    "size": snap.memory or snap.size,  # llama-server's own figure, else the estimate
+                    "size_vram": snap.memory_device,
                     "digest": snap.digest.removeprefix("sha256:"),
                     "details": snap.details,
                     "expires_at": rfc3339(expires, local=True),

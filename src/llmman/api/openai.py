@@ -40,9 +40,9 @@ async def _proxy(request: Request, path: str) -> Response:
     raw = await request.body()
     body, name = peek_model(raw)
     try:
-        model = services.gateway.resolve(name)
+        model = await services.gateway.ensure(name)
     except ModelNotFound as exc:
-        raise LlmmanError(f"model '{name}' not found", status=404, code="model_not_found") from exc
+        raise LlmmanError(exc.message, status=404, code="model_not_found") from exc
     content_type = request.headers.get("content-type", "application/json")
     # A client that goes away stops the wait (a non-streamed answer arrives only when it is complete).
     opening = services.gateway.open(model, path, raw, content_type=content_type)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from llmman.config import Settings
 from llmman.gateway import Gateway
+from llmman.registry.puller import Puller
 from llmman.scheduler import Scheduler
 from llmman.store import Store
 
@@ -18,3 +19,4 @@ class Services:
     store: Store
     scheduler: Scheduler
     gateway: Gateway
+    puller: Puller | None = None  # pulls and pushes (issue 3); None in tests that need no registry

@@ -110,6 +110,8 @@ def ensure_server(
     deadline = time.monotonic() + timeout
     while True:
         if client.ping():
+            print(f"started llmman serve in the background (pid {child.pid}, log {log_path}); "
+                  "stop it with: kill -TERM " + str(child.pid), file=sys.stderr)
             return client
         if exited.is_set():
             raise LlmmanError(

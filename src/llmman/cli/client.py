@@ -159,6 +159,25 @@ class DaemonClient:
         """``POST /api/generate {model, keep_alive: 0}`` without a prompt: unload ``model``."""
         return dict(self._request("POST", "/api/generate", {"model": model, "keep_alive": 0}) or {})
 
+    def ndjson_stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """POST ``body`` to ``path`` and yield each NDJSON object (``/api/pull``, ``/api/push``); no timeout
+        once connected. A non-2xx answer raises :class:`LlmmanError`; in-band errors are yielded."""
+        conn, response = self._send("POST", path, body, None)
+        try:
+            if response.status >= 400:
+                raise _error_from(response.status, response.read())
+            while line := response.readline():
+                try:
+                    item = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(item, dict):
+                    yield item
+        except (OSError, http.client.HTTPException) as exc:
+            raise LlmmanError(f"{path}: {exc or type(exc).__name__}") from exc
+        finally:
+            conn.close()
+
     def chat_stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """``POST /api/chat`` with ``stream: true``; yield each NDJSON object until ``done: true``.
 

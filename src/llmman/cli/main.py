@@ -39,6 +39,11 @@ _HANDLERS = {
     "show": "commands_store:cmd_show",
     "inspect": "commands_store:cmd_inspect",
     "build": "commands_store:cmd_build",
+    "pull": "commands_pull:cmd_pull",
+    "push": "commands_pull:cmd_push",
+    "login": "commands_pull:cmd_login",
+    "logout": "commands_pull:cmd_logout",
+    "gpu-discover": "commands_gpu:cmd_gpu_discover",
 }
 
 
@@ -67,6 +72,24 @@ def _verb(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, h
         # SUPPRESS: a value given before the verb (the global --store) is not overwritten by a default.
         parser.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS, help="the model store")
     return parser
+
+
+def _transfer_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``pull``, ``push``, ``login``, ``logout`` (llmman.cli.commands_pull)."""
+    for name, text in (("pull", "Pull a model from a registry or Hugging Face"),
+                       ("push", "Push a model to a registry")):
+        p = _verb(sub, name, text, store=True)
+        p.add_argument("ref", metavar="REF")
+        p.add_argument("--insecure", action="store_true", help="plain HTTP to the registry")
+    p = _verb(sub, "login", "Log in to a registry (default docker.io)")
+    p.add_argument("server", nargs="?", metavar="SERVER")
+    p.add_argument("-u", "--username", metavar="USER")
+    pw = p.add_mutually_exclusive_group()
+    pw.add_argument("-p", "--password", metavar="PASS")
+    pw.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    p.add_argument("--insecure", action="store_true", help="plain HTTP to the registry")
+    p = _verb(sub, "logout", "Log out of a registry")
+    p.add_argument("server", nargs="?", metavar="SERVER")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--tag", required=True, metavar="REF")
     p.add_argument("-l", "--label", type=_label, action="append", default=[], metavar="K=V")
     p.add_argument("path", nargs="?", default=".", metavar="PATH")
+    _transfer_verbs(sub)
+
+    _verb(sub, "gpu-discover", "Show the accelerator, its memory and the figure llmman uses")
 
     p = _verb(sub, "config", "Show or edit the configuration")
     csub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -153,7 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the verb, and return the exit status."""
     from llmman.errors import LlmmanError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # `llmman run MODEL --num-predict 5 "hi"`: argparse ends the prompt words at the first flag;
+        # words after it are still the prompt (Ollama's CLI takes flags anywhere).
+        if args.verb == "run" and not any(w.startswith("-") for w in extra):
+            args.prompt = [*args.prompt, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         settings = load_cli_settings(args)
         return resolve_handler(args.verb)(args, settings)

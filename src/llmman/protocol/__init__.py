@@ -7,6 +7,9 @@ No I/O here: no sockets, no files, no clocks (timestamps and durations are passe
 - :mod:`.ollama_request`: ``/api/chat`` and ``/api/generate`` bodies -> :class:`UpstreamRequest`.
 - :mod:`.ollama_stream`: llama-server stream chunks -> Ollama NDJSON objects (:class:`OllamaStream`).
 - :mod:`.openai`: OpenAI error bodies, request peeking, ``/v1/models``.
+- :mod:`.anthropic`: Anthropic Messages checks, answer fix-ups and the SSE transducer.
+- :mod:`.responses`: the Codex clean-ups for ``/v1/responses``.
+- :mod:`.embeddings`: ``/api/embed`` and ``/api/embeddings`` <-> ``/v1/embeddings``.
 """
 
 from __future__ import annotations

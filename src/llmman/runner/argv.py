@@ -29,7 +29,7 @@ class LaunchSpec:
         n_parallel: number of slots (``-np``), i.e. requests decoded at once; each is guaranteed ``n_ctx``.
         mmproj: multimodal projector file (``--mmproj``), or None.
         n_gpu_layers: ``-ngl`` (-1 = auto, -2 = all, N = last N layers), or None for llama-server's default.
-        embedding: start with ``--embeddings`` (an embedding model; chat routes are then unavailable).
+        embedding: start with ``--embeddings`` (llama-server then still answers chat routes too).
         threads: ``-t`` CPU threads, or None for llama-server's default (physical cores).
         extra_args: appended verbatim after everything else (later flags win in llama-server).
 
@@ -60,12 +60,14 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
     """Return the full argv (binary first) that starts ``spec`` listening on ``host:port``.
 
     Shape: ``<binary> -m PATH --host H --port P -c (n_ctx*n_parallel) -np N --no-kv-unified -a ALIAS
-    --no-ui --metrics [--mmproj F] [-ngl N] [--embeddings] [-t N] *extra_args``.
+    --no-ui --metrics --log-verbosity 4 [--mmproj F] [-ngl N] [--embeddings] [-t N] *extra_args``.
 
     Rules, from llama-server b11434: ``-c`` is the total KV size shared by all slots, and an explicit
     ``-np`` with ``--no-kv-unified`` gives each slot a fixed ``c / np``, so ``n_ctx * n_parallel`` guarantees
     every slot ``n_ctx`` tokens (Ollama's ``num_ctx`` x parallel). Passing ``-c`` also stops ``--fit``
     from shrinking the context. ``--metrics`` enables ``/metrics``; ``--no-ui`` skips the web UI.
+    ``--log-verbosity 4`` makes it print its ``... buffer size = N MiB`` lines, which llmman reads for the
+    memory a model really takes (memory.parse_buffers).
     """
     argv = [
         binary,
@@ -78,6 +80,7 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
         "-a", spec.alias,
         "--no-ui",
         "--metrics",
+        "--log-verbosity", "4",
     ]  # fmt: skip
     if spec.mmproj is not None:
         argv += ["--mmproj", str(spec.mmproj)]

@@ -272,6 +272,20 @@ class Layout:
         finally:
             os.close(fd)
 
+    def publish_file(self, path: Path, digest: str) -> None:
+        """Move an already verified, fsynced file (in the same file system) to ``blobs/sha256/<hex>``,
+        pinned against gc; a blob already present is kept and ``path`` removed. The caller verified
+        the bytes (the resumable downloads of :mod:`llmman.registry.download`)."""
+        self.ensure()
+        with self.lock():
+            self.pin(digest)
+            final = self.blob_path(digest)
+            if final.exists():
+                os.unlink(path)
+            else:
+                os.replace(path, final)
+                _fsync_dir(self.blobs)
+
     def blob_digests(self) -> list[str]:
         """Every ``sha256:<hex>`` blob present on disk."""
         if not self.blobs.is_dir():

@@ -1,0 +1,186 @@
+"""Ollama's transfer routes: ``/api/pull``, ``/api/push``, ``/api/create``, ``HEAD``/``POST /api/blobs/:d``.
+
+Shapes (reference/ollama.md §1.12): pull and push stream ``application/x-ndjson`` status lines (see
+:mod:`llmman.registry.puller` and :mod:`llmman.registry.push`) ending with ``{"status": "success"}``; an
+error after the stream started is an in-band ``{"error": "..."}`` line. ``"stream": false`` answers
+once at the end: ``{"status": "success"}``, or the error with its HTTP status (404 for a repository the
+registry does not have, 401 for refused credentials, 502/503 for registry failures).
+
+The work runs in a worker thread (the registry client is synchronous); its progress crosses to the
+event loop through an asyncio queue. A client that goes away does not cancel a pull: it completes for
+whoever asks next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from llmman.api.ollama_infer import NDJSON, json_response
+from llmman.api.services import Services
+from llmman.errors import BadRequest, LlmmanError, ModelNotFound, NotFound
+from llmman.protocol.ollama import parse_json_body
+from llmman.refs import parse_reference
+from llmman.registry.puller import Emit, Puller
+from llmman.registry.push import push as push_model
+from llmman.store.layout import digest_hex
+
+Job = Callable[[Emit], object]
+_END = object()
+
+
+def _puller(services: Services) -> Puller:
+    if services.puller is None:
+        raise LlmmanError("this server cannot pull or push (no registry client configured)", status=501)
+    return services.puller
+
+
+def _model_field(body: dict[str, object]) -> str:
+    name = body.get("model") or body.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise BadRequest("model is required")
+    return name
+
+
+async def _run(job: Job, stream: bool) -> Response:
+    """Run ``job(emit)`` in a thread; stream its lines, or answer once with the outcome."""
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[object] = asyncio.Queue()
+
+    def emit(line: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(lines.put_nowait, line)
+
+    if not stream:
+        await asyncio.to_thread(job, lambda _line: None)
+        return json_response({"status": "success"})
+
+    async def work() -> None:
+        try:
+            await asyncio.to_thread(job, emit)
+        except LlmmanError as exc:
+            lines.put_nowait({"error": exc.message})
+        except OSError as exc:
+            lines.put_nowait({"error": f"{exc.strerror or exc}"})
+        finally:
+            lines.put_nowait(_END)
+
+    task = asyncio.create_task(work())
+
+    async def body() -> AsyncIterator[bytes]:
+        while (line := await lines.get()) is not _END:
+            yield orjson.dumps(line) + b"\n"
+        await task
+
+    return StreamingResponse(body(), media_type=NDJSON)
+
+
+async def pull(request: Request) -> Response:
+    """``POST /api/pull {"model", "insecure"?, "stream"?}``."""
+    services: Services = request.app.state.services
+    body = parse_json_body(await request.body())
+    ref = parse_reference(_model_field(body), services.settings.aliases)
+    puller = _puller(services)
+    insecure = body.get("insecure") is True
+    return await _run(lambda emit: puller.pull(ref, emit, insecure=insecure), body.get("stream") is not False)
+
+
+async def push(request: Request) -> Response:
+    """``POST /api/push {"model", "insecure"?, "stream"?}``; 404 when the model is not stored."""
+    services: Services = request.app.state.services
+    body = parse_json_body(await request.body())
+    name = _model_field(body)
+    ref = parse_reference(name, services.settings.aliases)
+    if services.store.find(ref) is None:
+        raise ModelNotFound(name)
+    creds = _puller(services).credentials
+    insecure = body.get("insecure") is True
+    return await _run(lambda emit: push_model(services.store, ref, creds, emit, insecure=insecure),
+                      body.get("stream") is not False)
+
+
+def _digest(request: Request) -> str:
+    digest = str(request.path_params["digest"]).replace("sha256-", "sha256:", 1)
+    try:
+        digest_hex(digest)
+    except LlmmanError as exc:
+        raise BadRequest(exc.message) from exc
+    return digest
+
+
+async def blob_head(request: Request) -> Response:
+    """``HEAD /api/blobs/:digest``: 200 when the store has it, else 404."""
+    services: Services = request.app.state.services
+    return Response(status_code=200 if services.store.has_blob(_digest(request)) else 404)
+
+
+async def blob_upload(request: Request) -> Response:
+    """``POST /api/blobs/:digest``: store the body, verified against the digest; 201, or 400 on mismatch."""
+    services: Services = request.app.state.services
+    digest = _digest(request)
+    chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
+
+    def consume() -> None:
+        def source() -> Any:
+            while (chunk := chunks.get()) is not None:
+                yield chunk
+
+        services.store.write_blob(source(), digest)
+
+    writer = asyncio.create_task(asyncio.to_thread(consume))
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                await asyncio.to_thread(chunks.put, chunk)
+        await asyncio.to_thread(chunks.put, None)
+        await writer
+    except LlmmanError as exc:
+        raise BadRequest(exc.message) from exc
+    finally:
+        if not writer.done():
+            with contextlib.suppress(queue.Full):
+                chunks.put_nowait(None)
+    return Response(status_code=201)
+
+
+async def create(request: Request) -> Response:
+    """``POST /api/create {"model", "from"? , "files"?: {name: digest}, "stream"?}``.
+
+    ``from`` is a stored model (tagged as ``model``) or a local GGUF file or folder on the server;
+    ``files`` names blobs uploaded with ``POST /api/blobs`` (packaged like ``llmman build``)."""
+    services: Services = request.app.state.services
+    body = parse_json_body(await request.body())
+    ref = parse_reference(_model_field(body), services.settings.aliases)
+    source, files = body.get("from"), body.get("files")
+    store = services.store
+
+    def job(emit: Emit) -> None:
+        emit({"status": "parsing model"})
+        if isinstance(files, dict) and files:
+            with tempfile.TemporaryDirectory(prefix="llmman-create-") as tmp:
+                for name, digest in files.items():
+                    path = store.blob_path(str(digest))
+                    if not path.exists():
+                        raise NotFound(f"blob {digest} not found: upload it with POST /api/blobs/{digest}")
+                    (Path(tmp) / Path(str(name)).name).symlink_to(path)
+                store.build(ref, Path(tmp))
+        elif isinstance(source, str) and source.startswith("/"):
+            if not Path(source).exists():
+                raise NotFound(f"{source}: no such file or directory")
+            store.build(ref, Path(source))
+        elif isinstance(source, str) and source:
+            store.tag(parse_reference(source, services.settings.aliases), ref)
+        else:
+            raise BadRequest("neither 'from' nor 'files' was given")
+        emit({"status": "writing manifest"})
+        emit({"status": "success"})
+
+    return await _run(job, body.get("stream") is not False)

@@ -1,0 +1,176 @@
+"""How much memory this node can give to models: accelerator discovery and the capacity figure.
+
+Sources, first that answers wins: NVIDIA through NVML (``nvidia-ml-py``: ``nvmlDeviceGetMemoryInfo``),
+AMD through sysfs (``/sys/class/drm/card*/device/mem_info_vram_total`` / ``_used``, vendor ``0x1002``),
+Apple Silicon (unified memory: system RAM), else the CPU (system RAM from ``psutil``). A source that
+fails (no driver, no permission) is skipped; when nothing answers the capacity is 0.
+
+The figure the scheduler uses (:attr:`NodeMemory.capacity`, bytes) is
+``min(total of the devices, [resources] memory when set) - [resources] reserve``, never below 0.
+Every function takes its sources as arguments so that tests replay recorded figures.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Device", "NodeMemory", "amd_devices", "discover", "host_devices", "node_memory", "nvidia_devices"]
+
+AMD_VENDOR = "0x1002"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One memory pool models can be loaded into.
+
+    Attributes:
+        kind: ``cuda``, ``rocm``, ``metal`` or ``cpu``.
+        index: the device's index for its driver (``CUDA_VISIBLE_DEVICES`` numbering), 0 for RAM.
+        name: what the driver calls it (``NVIDIA H200``, ``card0``, ``system RAM``).
+        total: bytes of memory.
+        free: bytes free now, as the driver reports.
+    """
+
+    kind: str
+    index: int
+    name: str
+    total: int
+    free: int
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """The node's accelerator, its devices and the capacity llmman offers (bytes).
+
+    Attributes:
+        accelerator: ``cuda``, ``rocm``, ``metal``, ``cpu`` or ``unknown``.
+        devices: what discovery found.
+        cap: the ``[resources] memory`` cap in bytes, 0 = none.
+        reserve: ``[resources] reserve`` bytes kept back.
+    """
+
+    accelerator: str
+    devices: tuple[Device, ...]
+    cap: int = 0
+    reserve: int = 0
+
+    @property
+    def total(self) -> int:
+        """Bytes of all devices together."""
+        return sum(d.total for d in self.devices)
+
+    @property
+    def free(self) -> int:
+        """Bytes the drivers report free now."""
+        return sum(d.free for d in self.devices)
+
+    @property
+    def capacity(self) -> int:
+        """Bytes llmman may fill with models: ``min(total, cap or total) - reserve``, at least 0.
+
+        With a cap and no device found (``unknown``), the cap alone is the capacity.
+        """
+        base = self.total
+        if self.cap > 0:
+            base = min(base, self.cap) if self.devices else self.cap
+        return max(0, base - self.reserve)
+
+
+def nvidia_devices(nvml: Any) -> list[Device]:
+    """NVIDIA GPUs through an NVML module (``pynvml`` from nvidia-ml-py, or a recorded stand-in).
+
+    Returns [] when NVML cannot initialise (no driver) or reports no device.
+    """
+    try:
+        nvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        out = []
+        for i in range(int(nvml.nvmlDeviceGetCount())):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            name = nvml.nvmlDeviceGetName(handle)
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            text = name.decode() if isinstance(name, bytes) else str(name)
+            out.append(Device("cuda", i, text, int(mem.total), int(mem.free)))
+        return out
+    except Exception:
+        return []
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def amd_devices(sysfs: Path = Path("/sys")) -> list[Device]:
+    """AMD GPUs from sysfs: each ``class/drm/cardN/device`` with vendor ``0x1002`` and VRAM files."""
+    out: list[Device] = []
+    drm = sysfs / "class" / "drm"
+    try:
+        cards = sorted(p for p in drm.iterdir() if p.name.startswith("card") and p.name[4:].isdigit())
+    except OSError:
+        return []
+    for card in cards:
+        dev = card / "device"
+        try:
+            if (dev / "vendor").read_text().strip() != AMD_VENDOR:
+                continue
+            total = int((dev / "mem_info_vram_total").read_text())
+            used = int((dev / "mem_info_vram_used").read_text())
+        except (OSError, ValueError):
+            continue
+        if total > 0:
+            out.append(Device("rocm", len(out), card.name, total, max(0, total - used)))
+    return out
+
+
+def host_devices(kind: str = "cpu") -> list[Device]:
+    """System RAM as one device (``cpu``, or ``metal`` for Apple Silicon's unified memory)."""
+    import psutil  # here, so that NVML discovery works without it
+
+    vm = psutil.virtual_memory()
+    name = "unified memory" if kind == "metal" else "system RAM"
+    return [Device(kind, 0, name, int(vm.total), int(vm.available))]
+
+
+def _load_nvml() -> Any:
+    try:
+        import pynvml  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    return pynvml
+
+
+def discover(
+    *,
+    nvml: Callable[[], Any] = _load_nvml,
+    sysfs: Path = Path("/sys"),
+    system: str = sys.platform,
+    machine: str = platform.machine(),
+) -> tuple[str, list[Device]]:
+    """Find the accelerator and its devices: ``(accelerator, devices)``; ``("unknown", [])`` if none."""
+    module = nvml()
+    if module is not None and (found := nvidia_devices(module)):
+        return "cuda", found
+    if system.startswith("linux") and (found := amd_devices(sysfs)):
+        return "rocm", found
+    try:
+        if system == "darwin" and machine == "arm64":
+            return "metal", host_devices("metal")
+        return "cpu", host_devices("cpu")
+    except Exception:
+        return "unknown", []
+
+
+def node_memory(
+    *, cap: int = 0, reserve: int = 0, found: tuple[str, list[Device]] | None = None
+) -> NodeMemory:
+    """Discover (unless ``found`` is given) and apply the ``[resources]`` cap and reserve (bytes)."""
+    accelerator, devices = found if found is not None else discover()
+    return NodeMemory(accelerator, tuple(devices), cap=cap, reserve=reserve)

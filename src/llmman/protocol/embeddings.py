@@ -1,0 +1,111 @@
+"""Ollama embeddings (``/api/embed``, legacy ``/api/embeddings``) over llama-server's ``/v1/embeddings``
+(reference/ollama.md §1, reference/llama-server.md §3.5). No I/O here.
+
+- ``/api/embed`` ``{model, input: str | [str], truncate = true, dimensions?, keep_alive?, options?}`` ->
+  ``{model, embeddings: [[float]], total_duration, load_duration, prompt_eval_count}``. ``dimensions``
+  keeps the first N values and L2-normalises them again (Ollama's rule); an empty ``input`` only loads.
+- ``/api/embeddings`` ``{model, prompt, keep_alive?, options?}`` -> ``{embedding: [float]}``; an empty
+  ``prompt`` answers ``{"embedding": []}``.
+
+llama-server's vectors are already L2-normalised. ``truncate: false`` is accepted; over-long inputs are
+refused by llama-server either way (its error comes back as a 400/500 with its words).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from llmman.errors import BadRequest, LlmmanError
+from llmman.protocol.ollama import require_model
+
+__all__ = ["EmbedRequest", "embed_request", "legacy_request", "ollama_embed_response", "vectors"]
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    """A parsed Ollama embeddings request: ``inputs`` (empty: load only), ``dimensions`` (None: all),
+    ``keep_alive`` as sent (seconds, duration string or None)."""
+
+    model: str
+    inputs: list[str]
+    dimensions: int | None
+    keep_alive: object
+
+    def upstream(self) -> dict[str, object]:
+        """The ``/v1/embeddings`` body (floats, not base64)."""
+        return {"model": self.model, "input": self.inputs, "encoding_format": "float"}
+
+
+def embed_request(body: Mapping[str, object]) -> EmbedRequest:
+    """Parse ``/api/embed``.
+
+    Raises:
+        BadRequest: ``model is required``; ``invalid input type`` (Ollama's words) unless ``input`` is a
+            string or an array of strings; ``dimensions`` not a positive integer; ``truncate`` not a boolean.
+    """
+    model = require_model(dict(body))
+    raw = body.get("input")
+    if raw is None or raw == "":
+        inputs: list[str] = []
+    elif isinstance(raw, str):
+        inputs = [raw]
+    elif isinstance(raw, list) and all(isinstance(x, str) for x in raw):
+        inputs = [str(x) for x in raw]
+    else:
+        raise BadRequest("invalid input type")
+    dims = body.get("dimensions")
+    if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims < 1):
+        raise BadRequest("dimensions must be a positive integer")
+    if body.get("truncate") is not None and not isinstance(body.get("truncate"), bool):
+        raise BadRequest("truncate must be a boolean")
+    return EmbedRequest(model, inputs, dims, body.get("keep_alive"))
+
+
+def legacy_request(body: Mapping[str, object]) -> EmbedRequest:
+    """Parse ``/api/embeddings`` (``prompt`` instead of ``input``).
+
+    Raises:
+        BadRequest: as :func:`embed_request`; ``prompt must be a string``.
+    """
+    model = require_model(dict(body))
+    prompt = body.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise BadRequest("prompt must be a string")
+    return EmbedRequest(model, [prompt] if prompt else [], None, body.get("keep_alive"))
+
+
+def _cut(vector: list[float], dimensions: int | None) -> list[float]:
+    if dimensions is None or dimensions >= len(vector):
+        return vector
+    head = vector[:dimensions]
+    norm = math.sqrt(sum(v * v for v in head))
+    return [v / norm for v in head] if norm > 0 else head
+
+
+def vectors(answer: object, dimensions: int | None = None) -> tuple[list[list[float]], int]:
+    """``(embeddings in input order, prompt tokens)`` from a ``/v1/embeddings`` answer.
+
+    Raises:
+        LlmmanError: 500 when the answer is not the documented shape.
+    """
+    if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
+        raise LlmmanError("llama-server sent an embeddings answer without data")
+    rows: list[tuple[int, list[float]]] = []
+    for i, item in enumerate(answer["data"]):
+        emb = item.get("embedding") if isinstance(item, dict) else None
+        if not isinstance(emb, list):
+            raise LlmmanError("llama-server sent an embedding that is not an array of numbers")
+        index = item.get("index", i)
+        rows.append((index if isinstance(index, int) else i, [float(v) for v in emb]))
+    usage = answer.get("usage")
+    tokens = usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0
+    return [_cut(v, dimensions) for _, v in sorted(rows, key=lambda r: r[0])], int(tokens or 0)
+
+
+def ollama_embed_response(model: str, embeddings: list[list[float]], *, prompt_tokens: int,
+                          total_ns: int, load_ns: int) -> dict[str, object]:
+    """The ``/api/embed`` answer object (durations in nanoseconds)."""
+    return {"model": model, "embeddings": embeddings, "total_duration": total_ns, "load_duration": load_ns,
+            "prompt_eval_count": prompt_tokens}

@@ -1,0 +1,248 @@
+"""A synchronous OCI distribution client: auth, manifests, blob GET/HEAD/upload.
+
+Sources: OCI distribution-spec 1.1 ("Pulling manifests", "Pulling blobs", "Pushing blobs", "Pushing
+manifests"), Docker's token authentication (``WWW-Authenticate: Bearer realm=…,service=…,scope=…`` then
+``GET realm?service=&scope=`` answering ``token``/``access_token``), and basic auth (RFC 7617).
+
+Transport: HTTPS verified against the system CAs plus ``LLMMAN_TLS_CA`` (a PEM file); plain HTTP only for
+an ``insecure`` registry (``--insecure``, ``"insecure": true`` in ``/api/pull``, or a host listed in
+``LLMMAN_INSECURE_REGISTRIES``, comma-separated). Docker Hub's API host is ``registry-1.docker.io``.
+
+Errors: :class:`RegistryError` with the registry's own message; 401/403 say which credentials failed;
+404 is :class:`RegistryNotFound`; connection failures name the host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from llmman.errors import LlmmanError
+from llmman.refs import Reference
+from llmman.registry.credentials import Credential, CredentialStore
+from llmman.store import mediatypes as mt
+
+MANIFEST_ACCEPT = ", ".join([mt.OCI_MANIFEST, mt.OCI_INDEX, mt.DOCKER_MANIFEST, mt.DOCKER_MANIFEST_LIST])
+CONNECT_TIMEOUT_S = 10.0
+STALL_TIMEOUT_S = 60.0  # a read that gets no byte for this long fails (and is retried)
+_PARAM = re.compile(r'(\w+)="([^"]*)"')
+
+
+class RegistryError(LlmmanError):
+    """A registry refused or failed a request (status 502 unless the registry's status says more)."""
+
+    status = 502
+    code = "registry_error"
+
+
+class RegistryUnavailable(RegistryError):
+    """A transient failure: the connection failed or stalled, or the registry answered 5xx/429."""
+
+    status = 503
+    code = "registry_unavailable"
+
+
+class RegistryNotFound(RegistryError):
+    """The repository, tag or blob does not exist on the registry."""
+
+    status = 404
+    code = "not_found"
+
+
+class RegistryAuthError(RegistryError):
+    """401/403 from a registry or its token service."""
+
+    status = 401
+    code = "unauthorized"
+
+
+def insecure_hosts() -> set[str]:
+    """Hosts from ``LLMMAN_INSECURE_REGISTRIES`` (comma-separated), lowercased."""
+    hosts = os.environ.get("LLMMAN_INSECURE_REGISTRIES", "").split(",")
+    return {h.strip().lower() for h in hosts if h.strip()}
+
+
+def ssl_context() -> ssl.SSLContext:
+    """System CAs plus the PEM bundle in ``LLMMAN_TLS_CA`` when set. Raises LlmmanError if unreadable."""
+    ctx = ssl.create_default_context()
+    ca = os.environ.get("LLMMAN_TLS_CA")
+    if ca:
+        try:
+            ctx.load_verify_locations(cafile=ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise LlmmanError(f"LLMMAN_TLS_CA={ca}: cannot load CA certificates: {exc}") from exc
+    return ctx
+
+
+def api_host(registry: str) -> str:
+    """The host serving the registry API (``docker.io`` -> ``registry-1.docker.io``)."""
+    return "registry-1.docker.io" if registry == "docker.io" else registry
+
+
+class RegistryClient:
+    """Talks to one registry host on behalf of one repository's pulls and pushes. Thread-safe.
+
+    Args:
+        registry: host[:port] as in :attr:`Reference.registry`.
+        credentials: where to find a user/password; None means anonymous only.
+        insecure: use plain HTTP.
+    """
+
+    def __init__(self, registry: str, credentials: CredentialStore | None = None, *,
+                 insecure: bool = False, stall_timeout: float = STALL_TIMEOUT_S,
+                 credential: Credential | None = None) -> None:
+        self.registry = registry
+        insecure = insecure or registry.lower() in insecure_hosts()
+        self.base = f"{'http' if insecure else 'https'}://{api_host(registry)}"
+        self.stall_timeout = stall_timeout
+        self.tls = None if insecure else ssl_context()
+        self._cred = credential or (credentials.get(registry) if credentials else None)
+        self._tokens: dict[str, str] = {}
+        self._basic = False
+        self._lock = threading.Lock()
+        timeout = httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=stall_timeout, write=stall_timeout, pool=None)
+        self.http = httpx.Client(verify=self.tls if self.tls is not None else True, timeout=timeout,
+                                 follow_redirects=True, limits=httpx.Limits(max_connections=16))
+
+    def close(self) -> None:
+        self.http.close()
+
+    # -- auth ------------------------------------------------------------------------------------
+    def auth_headers(self, scope: str) -> dict[str, str]:
+        """The Authorization header this client would send now for ``scope`` (empty when anonymous)."""
+        return self._auth_headers(scope)
+
+    def _auth_headers(self, scope: str) -> dict[str, str]:
+        with self._lock:
+            token = self._tokens.get(scope)
+            basic = self._basic
+        if token:
+            return {"Authorization": f"Bearer {token}"}
+        if basic and self._cred is not None:
+            return {"Authorization": _basic(self._cred)}
+        return {}
+
+    def _authenticate(self, response: httpx.Response, scope: str) -> None:
+        """Answer a 401 challenge: fetch a bearer token for ``scope`` or switch to basic auth."""
+        challenge = response.headers.get("www-authenticate", "")
+        kind, _, rest = challenge.partition(" ")
+        if kind.lower() == "basic":
+            if self._cred is None:
+                raise RegistryAuthError(f"{self.registry}: authentication required (run `llmman login "
+                                        f"{self.registry}`)")
+            with self._lock:
+                if self._basic:
+                    raise RegistryAuthError(f"{self.registry}: 401 unauthorized: wrong user name or password")
+                self._basic = True
+            return
+        if kind.lower() != "bearer":
+            raise RegistryAuthError(f"{self.registry}: 401 unauthorized (no usable WWW-Authenticate "
+                                    "challenge)")
+        params = dict(_PARAM.findall(rest))
+        realm = params.get("realm")
+        if not realm:
+            raise RegistryAuthError(f"{self.registry}: bearer challenge without realm")
+        query = {"service": params.get("service", ""), "scope": params.get("scope") or scope}
+        headers = {"Authorization": _basic(self._cred)} if self._cred is not None else {}
+        try:
+            answer = self.http.get(realm, params=query, headers=headers)
+        except httpx.HTTPError as exc:
+            raise RegistryError(f"{self.registry}: token service {realm} unreachable: {exc}") from exc
+        if answer.status_code in (401, 403):
+            raise RegistryAuthError(f"{self.registry}: token service refused the credentials "
+                                    f"({answer.status_code})")
+        if answer.status_code != 200:
+            raise RegistryError(f"{self.registry}: token service answered {answer.status_code}")
+        body = answer.json()
+        token = body.get("token") or body.get("access_token") if isinstance(body, dict) else None
+        if not isinstance(token, str) or not token:
+            raise RegistryError(f"{self.registry}: token service sent no token")
+        with self._lock:
+            if self._tokens.get(scope) == token:
+                raise RegistryAuthError(f"{self.registry}: 401 unauthorized for {scope}")
+            self._tokens[scope] = token
+
+    @contextmanager
+    def request(self, method: str, path: str, *, scope: str, headers: dict[str, str] | None = None,
+                content: Any = None, stream: bool = False) -> Iterator[httpx.Response]:
+        """One request with auth (retried once per challenge). Yields the response (open when
+        ``stream``); maps 401/403/404 and transport failures to :class:`RegistryError` subclasses."""
+        url = path if path.startswith("http") else self.base + path
+        for _ in range(3):
+            send_headers = {**(headers or {}), **self._auth_headers(scope)}
+            try:
+                req = self.http.build_request(method, url, headers=send_headers, content=content)
+                response = self.http.send(req, stream=stream)
+            except httpx.HTTPError as exc:
+                raise RegistryUnavailable(f"{self.registry}: {_describe(exc)}") from exc
+            if response.status_code == 401:
+                response.close()
+                self._authenticate(response, scope)
+                continue
+            try:
+                if response.status_code == 403:
+                    raise RegistryAuthError(f"{self.registry}: 403 forbidden for {scope}")
+                if response.status_code == 404:
+                    raise RegistryNotFound(f"{self.registry}{path.split('?')[0]}: not found")
+                yield response
+            finally:
+                response.close()
+            return
+        raise RegistryAuthError(f"{self.registry}: 401 unauthorized")
+
+    def check_login(self) -> None:
+        """``GET /v2/`` with the credential (a token for no scope when challenged): raises
+        RegistryAuthError when the registry refuses it, RegistryError when it cannot be reached."""
+        with self.request("GET", "/v2/", scope="") as response:
+            check(response, "login")
+
+    # -- manifests -------------------------------------------------------------------------------
+    def get_manifest(self, repository: str, reference: str) -> tuple[bytes, str]:
+        """``GET /v2/<name>/manifests/<reference>`` -> (bytes, media type)."""
+        scope = f"repository:{repository}:pull"
+        with self.request("GET", f"/v2/{repository}/manifests/{reference}", scope=scope,
+                          headers={"Accept": MANIFEST_ACCEPT}) as response:
+            check(response, "manifest")
+            media = response.headers.get("content-type", "").split(";")[0].strip()
+            return response.content, media
+
+
+def check(response: httpx.Response, what: str) -> None:
+    """Raise RegistryError for a non-2xx answer, quoting the registry's error text."""
+    if response.status_code < 300:
+        return
+    if not response.is_closed:
+        response.read()
+    text = response.text.strip()[:300]
+    if response.status_code >= 500 or response.status_code == 429:
+        raise RegistryUnavailable(f"{what}: registry answered {response.status_code}: {text}")
+    raise RegistryError(f"{what}: registry answered {response.status_code}: {text}")
+
+
+def _describe(exc: BaseException) -> str:
+    """A one-line reason for a transport failure (httpx messages are often empty)."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectError):
+        return f"cannot connect: {text}"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out: {text}"
+    return f"{type(exc).__name__}: {text}"
+
+
+def _basic(cred: Credential) -> str:
+    import base64
+
+    raw = f"{cred.username}:{cred.password}".encode()
+    return "Basic " + base64.b64encode(raw).decode()
+
+
+def reference_tag(ref: Reference) -> str:
+    """What to ask the registry for: the digest when pinned, else the tag."""
+    return ref.digest or ref.tag

@@ -1,0 +1,148 @@
+"""Registry credentials: llmman's own ``auth.json`` and Docker's ``config.json`` (with credential helpers).
+
+Both files use Docker's format (``{"auths": {"host": {"auth": base64("user:pass")}}}``). Lookup order for a
+registry host: llmman's file (written by ``llmman login``), then ``$DOCKER_CONFIG/config.json`` or
+``~/.docker/config.json``: ``credHelpers[host]``, ``credsStore``, then ``auths``. Docker Hub is looked up
+under ``docker.io``, ``index.docker.io``, ``https://index.docker.io/v1/`` and ``registry-1.docker.io``
+(reference/llmman.md 4.4 and bug 22). A credential helper gets 5 seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmman.errors import LlmmanError
+from llmman.store.layout import atomic_write
+
+HELPER_TIMEOUT_S = 5.0
+_HUB = ("docker.io", "index.docker.io", "https://index.docker.io/v1/", "registry-1.docker.io")
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A user name and password (or an identity token when ``username`` is ``<token>``)."""
+
+    username: str
+    password: str
+
+
+def _aliases(host: str) -> tuple[str, ...]:
+    host = host.lower()
+    if host in _HUB:
+        return _HUB
+    return (host, f"https://{host}", f"http://{host}")
+
+
+def default_credentials_path() -> Path:
+    """llmman's own credentials file: ``$LLMMAN_AUTH_FILE`` or ``<user config dir>/llmman/auth.json``."""
+    override = os.environ.get("LLMMAN_AUTH_FILE")
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("llmman", appauthor=False)) / "auth.json"
+
+
+def docker_config_path() -> Path:
+    """``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``."""
+    base = os.environ.get("DOCKER_CONFIG")
+    return Path(base) / "config.json" if base else Path.home() / ".docker" / "config.json"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise LlmmanError(f"unreadable credentials file {path}: {exc}") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _from_auths(config: dict[str, Any], host: str) -> Credential | None:
+    auths = config.get("auths")
+    if not isinstance(auths, dict):
+        return None
+    for key in _aliases(host):
+        entry = auths.get(key)
+        if not isinstance(entry, dict):
+            continue
+        if isinstance(entry.get("identitytoken"), str) and entry["identitytoken"]:
+            return Credential("<token>", entry["identitytoken"])
+        raw = entry.get("auth")
+        if isinstance(raw, str) and raw:
+            user, _, password = base64.b64decode(raw).decode("utf-8", "replace").partition(":")
+            return Credential(user, password)
+    return None
+
+
+def _from_helper(helper: str, host: str) -> Credential | None:
+    for key in _aliases(host):
+        try:
+            out = subprocess.run([f"docker-credential-{helper}", "get"], input=key.encode(),
+                                 capture_output=True, timeout=HELPER_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode != 0:
+            continue
+        try:
+            data = json.loads(out.stdout)
+        except ValueError:
+            continue
+        user, secret = str(data.get("Username") or ""), str(data.get("Secret") or "")
+        if secret:
+            return Credential(user or "<token>", secret)
+    return None
+
+
+class CredentialStore:
+    """Credentials for registry hosts. ``path`` is llmman's own file (``<config dir>/auth.json``)."""
+
+    def __init__(self, path: Path, docker_config: Path | None = None) -> None:
+        self.path = Path(path)
+        self.docker_config = docker_config
+
+    def get(self, host: str) -> Credential | None:
+        """The credential for ``host`` (see the module docstring for the order), or None."""
+        found = _from_auths(_read(self.path), host)
+        if found is not None:
+            return found
+        config = _read(self.docker_config or docker_config_path())
+        helpers = config.get("credHelpers")
+        helper = helpers.get(host) if isinstance(helpers, dict) else None
+        helper = helper or config.get("credsStore")
+        if isinstance(helper, str) and helper:
+            found = _from_helper(helper, host)
+            if found is not None:
+                return found
+        return _from_auths(config, host)
+
+    def save(self, host: str, credential: Credential) -> None:
+        """Store ``credential`` for ``host`` in llmman's file (mode 0600)."""
+        config = _read(self.path)
+        auths = config.setdefault("auths", {})
+        raw = f"{credential.username}:{credential.password}".encode()
+        auths[host.lower()] = {"auth": base64.b64encode(raw).decode()}
+        self._write(config)
+
+    def remove(self, host: str) -> bool:
+        """Forget ``host``; True when something was removed."""
+        config = _read(self.path)
+        auths = config.get("auths")
+        if not isinstance(auths, dict):
+            return False
+        removed = [k for k in _aliases(host) if auths.pop(k, None) is not None]
+        if removed:
+            self._write(config)
+        return bool(removed)
+
+    def _write(self, config: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(self.path, json.dumps(config, indent=2).encode() + b"\n")
+        os.chmod(self.path, 0o600)

@@ -1,0 +1,164 @@
+"""Pulling a model by reference into the store, with Ollama-shaped progress.
+
+Order (reference/llmman.md 4.2; OCI distribution-spec 1.1): resolve the manifest (an image index picks
+one entry, see :func:`manifests.choose`), verify its digest against a pinned ``@sha256:`` and the
+``Docker-Content-Digest`` header, fetch config and layers :data:`PARALLEL` at a time through the shared
+:class:`Downloader` (resumable, verified, single-flight per digest), and only then name the manifest in
+the index. Any failure leaves the index exactly as it was (completed blobs stay as cache until gc).
+
+Pulls of one reference are serialised by a per-reference lock and :meth:`Puller.ensure` re-checks the
+store inside it (bug 5 of reference/llmman.md 10): however many requests wait, the model is pulled once.
+
+Progress events are Ollama's ``/api/pull`` lines: ``{"status": "pulling manifest"}``, per layer
+``{"status": "pulling <12 hex>", "digest", "total", "completed"}``, ``{"status": "verifying sha256
+digest"}``, ``{"status": "writing manifest"}``, ``{"status": "success"}``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from llmman.errors import LlmmanError
+from llmman.refs import Reference
+from llmman.registry import manifests
+from llmman.registry.client import RegistryClient, RegistryError, reference_tag
+from llmman.registry.credentials import CredentialStore
+from llmman.registry.download import Downloader
+from llmman.store import Store, StoredModel
+
+PARALLEL = 6  # layers fetched at once per pull
+PROGRESS_INTERVAL_S = 0.2  # at most one progress line per layer this often (plus first and last)
+Emit = Callable[[dict[str, Any]], None]
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses, with or without a ``:port`` (IPv6 in brackets)."""
+    name = host.strip()
+    if name.startswith("["):
+        name = name[1 : name.find("]")] if "]" in name else name[1:]
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    if name.lower() == "localhost" or name.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _hf_endpoint_host() -> str:
+    """The host huggingface_hub will contact (``HF_ENDPOINT``, read by huggingface_hub itself)."""
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    return urlsplit(constants.ENDPOINT).netloc
+
+
+def _quiet(_: dict[str, Any]) -> None:
+    return None
+
+
+class Puller:
+    """Pulls references into ``store``. One per daemon (or CLI run); thread-safe."""
+
+    def __init__(self, store: Store, credentials: CredentialStore | None = None, *,
+                 offline: bool = False) -> None:
+        self.store = store
+        self.credentials = credentials
+        self.offline = offline
+        self.downloader = Downloader(store)
+        self._ref_locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _ref_lock(self, ref: Reference) -> threading.Lock:
+        with self._guard:
+            return self._ref_locks.setdefault(ref.key(), threading.Lock())
+
+    def ensure(self, ref: Reference, emit: Emit = _quiet, *, insecure: bool = False) -> StoredModel:
+        """The stored model for ``ref``, pulling it first when absent (once, however many callers)."""
+        found = self.store.find(ref)
+        if found is not None:
+            return found
+        with self._ref_lock(ref):
+            found = self.store.find(ref)
+            if found is not None:
+                emit({"status": "success"})
+                return found
+            return self._pull(ref, emit, insecure)
+
+    def pull(self, ref: Reference, emit: Emit = _quiet, *, insecure: bool = False) -> StoredModel:
+        """Pull ``ref`` even when stored (an updated tag replaces the entry; present blobs are reused)."""
+        with self._ref_lock(ref):
+            return self._pull(ref, emit, insecure)
+
+    def _pull(self, ref: Reference, emit: Emit, insecure: bool) -> StoredModel:
+        if self.offline:
+            host = _hf_endpoint_host() if ref.is_huggingface else ref.registry
+            if not is_loopback_host(host):
+                raise LlmmanError(f"not pulling {ref} from {host}: llmman is offline (server.offline)",
+                                  status=503, code="offline")
+        if ref.is_huggingface:
+            from llmman.registry.huggingface import pull_huggingface
+
+            return pull_huggingface(self.store, ref, emit)
+        emit({"status": "pulling manifest"})
+        client = RegistryClient(ref.registry, self.credentials, insecure=insecure)
+        try:
+            data, media, manifest = self._manifest(client, ref)
+            self._fetch_all(client, ref.repository, manifests.blobs(manifest), emit)
+            emit({"status": "verifying sha256 digest"})
+            emit({"status": "writing manifest"})
+            model = self.store.put_manifest(ref, data, media)
+        finally:
+            client.close()
+        emit({"status": "success"})
+        return model
+
+    def _manifest(self, client: RegistryClient, ref: Reference) -> tuple[bytes, str, dict[str, Any]]:
+        data, media = client.get_manifest(ref.repository, reference_tag(ref))
+        if ref.digest is not None and manifests.sha256_digest(data) != ref.digest:
+            raise RegistryError(f"{ref}: the registry sent a manifest with digest "
+                                f"{manifests.sha256_digest(data)}")
+        doc, media = manifests.parse(data, media)
+        if manifests.is_index(media):
+            entry = manifests.choose(doc, str(ref))
+            data, media = client.get_manifest(ref.repository, entry["digest"])
+            if manifests.sha256_digest(data) != entry["digest"]:
+                raise RegistryError(f"{ref}: manifest {entry['digest']} failed verification")
+            doc, media = manifests.parse(data, media)
+            if manifests.is_index(media):
+                raise RegistryError(f"{ref}: nested image indexes are not supported")
+        return data, media, doc
+
+    def _fetch_all(self, client: RegistryClient, repository: str, blobs: list[manifests.Blob],
+                   emit: Emit) -> None:
+        lock = threading.Lock()
+
+        def one(blob: manifests.Blob) -> None:
+            status = f"pulling {blob.digest.split(':', 1)[1][:12]}"
+            last = [0.0]
+
+            def progress(done: int) -> None:
+                now = time.monotonic()
+                if done not in (0, blob.size) and now - last[0] < PROGRESS_INTERVAL_S:
+                    return
+                last[0] = now
+                with lock:
+                    emit({"status": status, "digest": blob.digest, "total": blob.size, "completed": done})
+
+            self.downloader.fetch(client, repository, blob.digest, blob.size, progress)
+
+        unique = list({b.digest: b for b in blobs}.values())
+        with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL, len(unique)))) as pool:
+            futures = [pool.submit(one, b) for b in unique]
+            errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                self.store.layout.unpin(b.digest for b in unique)
+                raise error

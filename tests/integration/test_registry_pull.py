@@ -1,0 +1,208 @@
+"""Pull and push against a REAL registry (Debian's docker-registry), at the store level.
+
+Docker model artifacts and ModelPack artifacts go up with ``push`` and come back with the puller into a
+fresh store: same manifest digests. Also: resume from a partial, a corrupted blob fails verification and
+leaves the index unchanged, two concurrent pulls download each blob once, basic auth over TLS with a
+test CA, wrong credentials.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmman.errors import LlmmanError, StoreError
+from llmman.refs import Reference, parse_reference
+from llmman.registry import download
+from llmman.registry.client import RegistryAuthError, RegistryNotFound
+from llmman.registry.credentials import Credential, CredentialStore
+from llmman.registry.puller import Puller
+from llmman.registry.push import push
+from llmman.store import Store
+from llmman.store import mediatypes as mt
+from tests.integration.registry import PASSWORD, USER, Registry, available, start_registry
+
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(not available(), reason="docker-registry missing")]
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    reg = start_registry(tmp_path_factory.mktemp("registry"))
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(autouse=True)
+def _insecure(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMMAN_INSECURE_REGISTRIES", registry.host)
+
+
+def docker_artifact(store: Store, ref: Reference, gguf: Path) -> str:
+    """Store ``gguf`` as a Docker Model Runner artifact (``application/vnd.docker.ai.gguf.v3``)."""
+    with gguf.open("rb") as f:
+        layer = store.write_blob(f)
+    config = json.dumps({"config": {"format": "gguf"}}).encode()
+    config_digest = store.write_blob([config])
+    manifest = {
+        "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST,
+        "config": {"mediaType": mt.DOCKER_AI_CONFIG, "digest": config_digest, "size": len(config)},
+        "layers": [{"mediaType": mt.DOCKER_AI_GGUF, "digest": layer, "size": gguf.stat().st_size}],
+    }
+    return store.put_manifest(ref, json.dumps(manifest).encode(), mt.OCI_MANIFEST).digest
+
+
+@pytest.fixture(scope="module")
+def pushed(registry: Registry, tmp_path_factory: pytest.TempPathFactory, model_file: Path) -> dict[str, str]:
+    """SmolLM2 pushed as ModelPack (``ai/smollm2:135m``) and as a Docker artifact (``ai/smollm2:docker``)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LLMMAN_INSECURE_REGISTRIES", registry.host)
+    store = Store(tmp_path_factory.mktemp("src") / "store")
+    pack = parse_reference(f"{registry.host}/ai/smollm2:135m")
+    dock = parse_reference(f"{registry.host}/ai/smollm2:docker")
+    digests = {"pack": store.build(pack, model_file).digest,
+               "docker": docker_artifact(store, dock, model_file)}
+    for ref in (pack, dock):
+        lines: list[dict[str, Any]] = []
+        assert push(store, ref, None, lines.append) == digests["pack" if ref is pack else "docker"]
+        assert lines[0] == {"status": "retrieving manifest"} and lines[-1] == {"status": "success"}
+    mp.undo()
+    return digests
+
+
+def test_pull_back_both_artifact_kinds(tmp_path: Path, registry: Registry, pushed: dict[str, str]) -> None:
+    store = Store(tmp_path / "store")
+    puller = Puller(store)
+    for tag, kind in (("135m", "pack"), ("docker", "docker")):
+        lines: list[dict[str, Any]] = []
+        model = puller.pull(parse_reference(f"{registry.host}/ai/smollm2:{tag}"), lines.append)
+        assert model.digest == pushed[kind]
+        assert store.files(model).model.stat().st_size > 90_000_000
+        statuses = [line["status"] for line in lines]
+        assert statuses[0] == "pulling manifest"
+        assert statuses[-3:] == ["verifying sha256 digest", "writing manifest", "success"]
+        layer = [line for line in lines if line.get("total", 0) > 1_000_000]
+        assert layer and all(line["digest"].startswith("sha256:") for line in layer)
+        assert layer[-1]["completed"] == layer[-1]["total"]
+    assert not list((store.root / "partial").glob("*.partial"))
+
+
+def test_missing_repository_is_not_found(tmp_path: Path, registry: Registry) -> None:
+    store = Store(tmp_path / "store")
+    with pytest.raises(RegistryNotFound):
+        Puller(store).pull(parse_reference(f"{registry.host}/ai/nothing:here"))
+    assert store.list() == []
+
+
+def test_resume_from_partial(tmp_path: Path, registry: Registry, pushed: dict[str, str],
+                             model_file: Path) -> None:
+    store = Store(tmp_path / "store")
+    digest = "sha256:" + hashlib.sha256(model_file.read_bytes()).hexdigest()
+    half = model_file.stat().st_size // 2
+    partial = store.root / "partial" / f"{digest.split(':')[1]}.partial"
+    partial.parent.mkdir(parents=True)
+    with model_file.open("rb") as f:
+        partial.write_bytes(f.read(half))
+    lines: list[dict[str, Any]] = []
+    model = Puller(store).pull(parse_reference(f"{registry.host}/ai/smollm2:135m"), lines.append)
+    assert model.digest == pushed["pack"]
+    first = next(line for line in lines if line.get("digest") == digest)
+    assert first["completed"] == half  # resumed where the earlier pull stopped
+    assert not partial.exists()
+
+
+def test_corrupt_blob_fails_and_leaves_index(tmp_path: Path, registry: Registry, pushed: dict[str, str],
+                                             model_file: Path) -> None:
+    # A separate repository whose layer we corrupt inside the registry's storage (same size).
+    src = Store(tmp_path / "src")
+    ref = parse_reference(f"{registry.host}/ai/corrupt:1")
+    data = b"GGUF" + bytes(range(256)) * 64
+    small = tmp_path / "tiny.gguf"
+    small.write_bytes(data)
+    with small.open("rb") as f:
+        layer = src.write_blob(f)
+    manifest = {"schemaVersion": 2, "mediaType": mt.OCI_MANIFEST,
+                "config": {"mediaType": mt.DOCKER_AI_CONFIG, "digest": src.write_blob([b"{}"]), "size": 2},
+                "layers": [{"mediaType": mt.DOCKER_AI_GGUF, "digest": layer, "size": len(data)}]}
+    src.put_manifest(ref, json.dumps(manifest).encode(), mt.OCI_MANIFEST)
+    push(src, ref, None, lambda _: None)
+    hexd = layer.split(":")[1]
+    stored = registry.root / "docker/registry/v2/blobs/sha256" / hexd[:2] / hexd / "data"
+    stored.write_bytes(b"XXXX" + data[4:])
+    store = Store(tmp_path / "store")
+    store.build(parse_reference("keep:me"), model_file)
+    before = store.layout.index_path.read_bytes()
+    with pytest.raises(StoreError, match="failed verification"):
+        Puller(store).pull(ref)
+    assert store.layout.index_path.read_bytes() == before
+    assert not store.layout.blob_path(layer).exists()
+    assert not list((store.root / "partial").glob("*.partial"))
+
+
+def test_concurrent_pulls_download_once(tmp_path: Path, registry: Registry, pushed: dict[str, str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(tmp_path / "store")
+    calls: list[str] = []
+    real = download.Downloader._download
+
+    def counting(self: download.Downloader, client: Any, repo: str, digest: str, *rest: Any) -> None:
+        calls.append(digest)
+        real(self, client, repo, digest, *rest)
+
+    monkeypatch.setattr(download.Downloader, "_download", counting)
+    # Two pullers = two independent pulls (as two processes would be): the flock makes it single-flight.
+    refs = [f"{registry.host}/ai/smollm2:135m", f"{registry.host}/ai/smollm2:docker"]
+    results: list[Any] = []
+    start = threading.Barrier(2)
+
+    def run(name: str) -> None:
+        start.wait()
+        results.append(Puller(store).pull(parse_reference(name)))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in refs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2
+    # Both models share the GGUF layer: it was downloaded once.
+    assert len(calls) == len(set(calls))
+    assert {m.digest for m in results} == {pushed["pack"], pushed["docker"]}
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    reg = start_registry(tmp_path_factory.mktemp("secure"), secure=True)
+    yield reg
+    reg.stop()
+
+
+def test_tls_and_basic_auth(tmp_path: Path, secure: Registry, model_file: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    assert secure.ca is not None
+    monkeypatch.setenv("LLMMAN_TLS_CA", str(secure.ca))
+    creds = CredentialStore(tmp_path / "auth.json", docker_config=tmp_path / "docker.json")
+    creds.save(secure.host, Credential(USER, PASSWORD))
+    src = Store(tmp_path / "src")
+    ref = parse_reference(f"{secure.host}/ai/smollm2:tls")
+    digest = src.build(ref, model_file).digest
+    push(src, ref, creds, lambda _: None)
+    assert Puller(Store(tmp_path / "dst"), creds).pull(ref).digest == digest
+
+    bad = CredentialStore(tmp_path / "bad.json", docker_config=tmp_path / "docker.json")
+    bad.save(secure.host, Credential(USER, "wrong"))
+    with pytest.raises(RegistryAuthError, match="401"):
+        Puller(Store(tmp_path / "dst2"), bad).pull(ref)
+    with pytest.raises(RegistryAuthError, match="authentication required"):
+        Puller(Store(tmp_path / "dst3"), None).pull(ref)
+
+
+def test_tls_without_the_ca_fails_clearly(tmp_path: Path, secure: Registry) -> None:
+    ref = parse_reference(f"{secure.host}/ai/smollm2:tls")
+    with pytest.raises(LlmmanError, match=r"CERTIFICATE_VERIFY_FAILED|certificate"):
+        Puller(Store(tmp_path / "s")).pull(ref)

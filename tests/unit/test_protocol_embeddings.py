@@ -1,0 +1,43 @@
+"""Table tests of the Ollama embeddings translation (protocol/embeddings.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llmman.errors import BadRequest, LlmmanError
+from llmman.protocol.embeddings import embed_request, legacy_request, vectors
+
+ANSWER = {"model": "x", "object": "list", "usage": {"prompt_tokens": 3, "total_tokens": 3},
+          "data": [{"embedding": [0.0, 0.6, 0.8], "index": 1, "object": "embedding"},
+                   {"embedding": [0.6, 0.8, 0.0], "index": 0, "object": "embedding"}]}
+
+
+def test_parse_and_upstream() -> None:
+    req = embed_request({"model": "m", "input": ["a", "b"], "dimensions": 2, "truncate": False})
+    assert req.inputs == ["a", "b"] and req.dimensions == 2
+    assert req.upstream() == {"model": "m", "input": ["a", "b"], "encoding_format": "float"}
+    assert embed_request({"model": "m", "input": "a"}).inputs == ["a"]
+    assert embed_request({"model": "m"}).inputs == []
+    assert legacy_request({"model": "m", "prompt": ""}).inputs == []
+
+
+BAD = [{}, {"model": 1}, {"model": "m", "input": 3}, {"model": "m", "input": ["a", 1]},
+       {"model": "m", "dimensions": 0}, {"model": "m", "dimensions": True}, {"model": "m", "truncate": "no"}]
+
+
+@pytest.mark.parametrize("body", BAD)
+def test_rejects(body: dict[str, object]) -> None:
+    with pytest.raises(BadRequest):
+        embed_request(body)
+
+
+def test_vectors_ordered_and_cut() -> None:
+    vecs, tokens = vectors(ANSWER)
+    assert vecs == [[0.6, 0.8, 0.0], [0.0, 0.6, 0.8]] and tokens == 3
+    cut, _ = vectors(ANSWER, dimensions=1)
+    assert cut == [[1.0], [0.0]]  # renormalised; a zero head stays zero
+    assert math.isclose(sum(v * v for v in cut[0]), 1.0)
+    with pytest.raises(LlmmanError):
+        vectors({"data": [{"embedding": "base64"}]})
