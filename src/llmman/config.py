@@ -68,8 +68,13 @@ class Settings:
     shutdown_grace: float
     debug: bool
     offline: bool
+    allowed_origins: str = ""
     memory: int = 0
     reserve: int = 0
+    peers: str = ""
+    api_key: str = ""
+    api_keys: str = ""
+    enforce: bool = True
     aliases: dict[str, str] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
 
@@ -157,7 +162,7 @@ def load_settings(
 
     for spec in SETTINGS:
         for name in (spec.env, spec.ollama_env):
-            if name and env.get(name, "") != "":
+            if name and name in env and (env[name] != "" or (spec.empty_env and name == spec.env)):
                 if name == spec.ollama_env and _ollama_auto(spec, env[name]):
                     continue
                 try:

@@ -24,6 +24,7 @@ import uvicorn
 
 from llmman.api.app import build_app
 from llmman.api.services import Services
+from llmman.cluster.peers import Peers, parse_peers
 from llmman.config import Settings
 from llmman.errors import LlmmanError
 from llmman.gateway import Gateway
@@ -100,6 +101,17 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
     return launch
 
 
+def make_peers(settings: Settings) -> Peers:
+    """The aggregation's peers (``aggregation.peers``) with their own HTTP session and the peer key
+    (``aggregation.api_key``, else the first of ``auth.api_keys``)."""
+    addresses = parse_peers(settings.peers)
+    key = settings.api_key or next((k.strip() for k in settings.api_keys.split(",") if k.strip()), "")
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+    if addresses:
+        log.info("aggregation peers: %s", ", ".join(a.netloc for a in addresses))
+    return Peers(session, addresses, api_key=key)
+
+
 async def _preload(gateway: Gateway, name: str) -> None:
     """``llmman serve MODEL``: load MODEL now and keep it loaded (keep_alive forever)."""
     try:
@@ -136,8 +148,9 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
                       aliases=settings.aliases, num_parallel=settings.num_parallel)
     puller = Puller(store, CredentialStore(default_credentials_path()), offline=settings.offline)
     gateway.puller = puller  # models missing from the store are pulled on first use
+    peers = make_peers(settings)
     app = build_app(Services(settings=settings, store=store, scheduler=scheduler, gateway=gateway,
-                             puller=puller))
+                             puller=puller, peers=peers))
     config = uvicorn.Config(
         app,
         host=settings.host.bind_host,
@@ -164,6 +177,8 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
                 await preload_task
         await scheduler.close()
         await session.close()
+        await peers.close()
+        await peers.session.close()
     return 0 if server.started else 1
 
 
@@ -180,6 +195,9 @@ def serve(settings: Settings, preload: str | None = None) -> int:
         LlmmanError: no llama-server binary could be found (before binding).
     """
     _configure_logging(settings.debug)
+    if not settings.host.is_loopback() and not settings.api_keys.strip() and settings.enforce:
+        raise LlmmanError(f"refusing to serve on {settings.host} without API keys: set auth.api_keys "
+                          "(LLMMAN_API_KEYS), or LLMMAN_AUTH=off on a network you trust")
     try:
         import uvloop
 

@@ -119,6 +119,7 @@ class RunnerError(LlmmanError):
 
     status = 500
     code = "runner_error"
+    cause = "unknown"  # runner.crash.Cause value, set where the child's output named one
 
 
 class LoadTimeout(RunnerError):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from llmman.cluster.copy import PULL_SOURCE, copy_from_peer
 from llmman.errors import LlmmanError, ModelNotFound, NotFound, RunnerError
 from llmman.memory import estimate
 from llmman.refs import Reference, parse_reference
@@ -157,6 +158,13 @@ class Gateway:
             if self.puller is None:
                 raise
         puller = self.puller
+        source = PULL_SOURCE.get()
+        if source is not None:  # aggregation: a peer stores it, copy from its /v2/ first
+            try:
+                await asyncio.to_thread(copy_from_peer, puller, parse_reference(name, self._aliases), source)
+                return self.resolve(name)
+            except (LlmmanError, OSError) as exc:
+                log.warning("copying %s from peer %s failed: %s", name, source.address.netloc, exc)
         try:
             ref = parse_reference(name, self._aliases)
             await asyncio.to_thread(puller.ensure, ref)

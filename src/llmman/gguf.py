@@ -231,15 +231,17 @@ def _value(r: _Reader, vtype: int) -> object:
     raise GGUFError(f"unknown GGUF value type {vtype}")
 
 
-def read_array(path: Path, summary: ArraySummary) -> list[object]:
-    """Load a skipped array in full (slow for big vocabularies: use only for verbose output).
+def read_array(path: Path, summary: ArraySummary, limit: int | None = None) -> list[object]:
+    """Load a skipped array in full, or its first ``limit`` elements (slow for big vocabularies in full:
+    use that only for verbose output; e.g. the stop tokens read up to the highest id needed).
 
     Raises GGUFError when the file no longer holds a readable array at ``summary.offset``.
     """
+    count = summary.count if limit is None else max(0, min(limit, summary.count))
     with open(path, "rb") as f:
         r = _Reader(f, os.fstat(f.fileno()).st_size)
         r.skip(summary.offset)
-        return [_value(r, summary.type) for _ in range(summary.count)]
+        return [_value(r, summary.type) for _ in range(count)]
 
 
 _cache: OrderedDict[tuple[str, int, int], GGUFInfo] = OrderedDict()

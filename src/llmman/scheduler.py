@@ -18,6 +18,11 @@ ones are marked and unloaded when their last request ends (never cut). One admis
 A model larger than the whole capacity fails at once, naming both figures. Requests that would
 wait (for a load, or for a slot beyond ``n_parallel``) are bounded by ``max_queue``: past it,
 Ollama's 503 ``server busy`` with ``Retry-After``.
+
+Self-healing (rules in :mod:`llmman.healing`, state in :mod:`llmman.scheduler_healing`): a failed
+load or a crash is recorded with its classified cause; a cooling-down model answers 503 with
+``Retry-After``; a pinned or busy model that crashes is restarted after a backoff until the breaker
+opens; an out-of-memory load is retried once with half the context.
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from llmman import healing
 from llmman.errors import LlmmanError, RunnerError, ServerBusy
 from llmman.eviction import Candidate, choose_victims
 from llmman.memory import parse_buffers
+from llmman.scheduler_healing import Healer
 from llmman.sizes import format_bytes
 
 log = logging.getLogger("llmman.scheduler")
@@ -191,6 +198,7 @@ class Scheduler:
         capacity: bytes models may take on this node (llmman.gpu.NodeMemory.capacity); 0 = no limit.
         max_loaded: most models loaded at once; 0 = no limit but memory.
         max_queue: most requests waiting (for a load or a slot) before 503; 0 = no limit.
+        heal_base: seconds of the first cool-down / restart delay (llmman.healing.BASE_S).
     """
 
     def __init__(
@@ -203,6 +211,7 @@ class Scheduler:
         capacity: int = 0,
         max_loaded: int = 0,
         max_queue: int = 0,
+        heal_base: float = healing.BASE_S,
     ) -> None:
         self._launch = launcher
         self._default_keep_alive = math.inf if default_keep_alive > MAX_KEEP_ALIVE else default_keep_alive
@@ -216,6 +225,7 @@ class Scheduler:
         self._max_queue = max_queue
         self._admit_lock = asyncio.Lock()
         self._changed = asyncio.Event()
+        self.healer = Healer(base=heal_base)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -244,6 +254,7 @@ class Scheduler:
             if queued and self._max_queue and self.queued() >= self._max_queue:
                 raise ServerBusy()
             if entry is None:
+                self.healer.check(plan.key, plan.reference)
                 entry = LoadedModel(plan=plan, keep_alive=self._default_keep_alive)
                 self._table[plan.key] = entry
             if keep_alive is not None:
@@ -280,12 +291,15 @@ class Scheduler:
             await self._admit(entry)
             log.info("loading %s (n_ctx %d, estimate %s)", entry.plan.reference, entry.plan.n_ctx,
                      format_bytes(entry.plan.estimate))
-            runner = await self._launch(entry.plan, lambda r: self._on_exit(entry, r))
-        except BaseException:
+            runner = await self._launch_once_more_on_oom(entry)
+        except BaseException as exc:
             if self._table.get(entry.plan.key) is entry:
                 self._table.pop(entry.plan.key, None)
+            if isinstance(exc, RunnerError) and not self._closed:
+                self.healer.failed_load(entry.plan.key, cause=exc.cause, message=exc.message)
             self._notify()
             raise
+        self.healer.loaded(entry.plan.key)
         lines = getattr(runner, "log_lines", None)
         usage = parse_buffers(lines) if isinstance(lines, list) else None
         if usage is not None:
@@ -301,6 +315,19 @@ class Scheduler:
         if entry.refcount == 0:  # every waiter went away while it loaded: start its keep_alive now
             self._idle(entry)
         return runner
+
+    async def _launch_once_more_on_oom(self, entry: LoadedModel) -> Runner:
+        """Launch ``entry``; a load that ran out of memory is retried once with half the context."""
+        try:
+            return await self._launch(entry.plan, lambda r: self._on_exit(entry, r))
+        except RunnerError as exc:
+            smaller = healing.smaller_context(entry.plan.n_ctx)
+            if exc.cause != "out of memory" or smaller is None or self._closed:
+                raise
+            log.warning("%s ran out of memory with n_ctx %d; retrying once with n_ctx %d",
+                        entry.plan.reference, entry.plan.n_ctx, smaller)
+            entry.plan = replace(entry.plan, n_ctx=smaller)
+            return await self._launch(entry.plan, lambda r: self._on_exit(entry, r))
 
     async def _admit(self, entry: LoadedModel) -> None:
         """Make room for ``entry`` (see the module docstring); returns once it is admitted.
@@ -384,12 +411,42 @@ class Scheduler:
             self._spawn_stop(entry)
 
     def _on_exit(self, entry: LoadedModel, runner: Runner) -> None:
-        """Called by the child when it dies on its own: forget it at once (the next request reloads)."""
-        if self._table.get(entry.plan.key) is entry:
-            log.warning("llama-server for %s exited unexpectedly", entry.plan.reference)
-            self._table.pop(entry.plan.key, None)
-            self._cancel_timer(entry)
-            self._notify()
+        """Called by the child when it dies on its own: forget it at once, record the failure, and
+        restart a pinned or busy model after its backoff (llmman.healing)."""
+        if self._table.get(entry.plan.key) is not entry:
+            return
+        self._table.pop(entry.plan.key, None)
+        self._cancel_timer(entry)
+        self._notify()
+        if self._closed:
+            return
+        cause = getattr(runner, "exit_cause", None)
+        tail = getattr(runner, "log_tail", None)
+        message = "\n".join(tail(5)) if callable(tail) else "exited"
+        failure = self.healer.crashed(entry.plan.key, cause=getattr(cause, "value", "unknown"),
+                                      message=message, uptime=self._clock() - entry.started_at)
+        pinned, busy = math.isinf(entry.keep_alive), entry.refcount > 0
+        if healing.should_restart(failure, pinned=pinned, busy=busy):
+            delay = self.healer.delay(failure)
+            log.warning("restarting %s in %.1f s", entry.plan.reference, delay)
+            self.healer.later(delay, lambda: self._restart(entry.plan, entry.keep_alive),
+                              name=f"restart {entry.plan.reference}")
+
+    async def _restart(self, plan: ModelPlan, keep_alive: float) -> None:
+        """Load ``plan`` again after a crash (nobody holds it); a failed load restarts again while a
+        pinned model's breaker is shut."""
+        if self._closed or plan.key in self._table:
+            return
+        entry = LoadedModel(plan=plan, keep_alive=keep_alive)
+        self._table[plan.key] = entry
+        try:
+            await self._wait_ready(entry)
+        except Exception:
+            failure = self.healer.failures.get(plan.key)
+            if failure is not None and not self._closed and healing.should_restart(
+                    failure, pinned=math.isinf(keep_alive), busy=False):
+                self.healer.later(self.healer.delay(failure), lambda: self._restart(plan, keep_alive),
+                                  name=f"restart {plan.reference}")
 
     # -- unloading ---------------------------------------------------------------------------
 
@@ -401,6 +458,8 @@ class Scheduler:
         Returns:
             True if the model was loaded (or loading), False if it was not in the table.
         """
+        self.healer.forget(reference)  # unloading on purpose also resets a failing model's breaker
+        self.healer.forget(reference + "#embedding")
         embedding = await self._unload_key(reference + "#embedding")
         return await self._unload_key(reference) or embedding
 
@@ -482,6 +541,7 @@ class Scheduler:
         """Stop every child (SIGTERM, grace, SIGKILL) and refuse new work. Idempotent."""
         self._closed = True
         self._notify()
+        await self.healer.close()
         entries = list(self._table.values())
         self._table.clear()
         for entry in entries:

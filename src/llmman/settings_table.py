@@ -152,6 +152,7 @@ class SettingSpec:
     default: str
     doc: str
     minimum: int | None = None
+    empty_env: bool = False  # an empty variable is a value ("" = none), not "unset"
 
     @property
     def attr(self) -> str:
@@ -186,10 +187,21 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "Debug logging: 1/true/yes/on or a non-zero integer."),
     SettingSpec("server.offline", "LLMMAN_OFFLINE", None, Kind.BOOL, "false",
                 "Pull only from registries on this machine (loopback); anything else fails at once."),
+    SettingSpec("server.allowed_origins", "LLMMAN_ORIGINS", "OLLAMA_ORIGINS", Kind.STR, "",
+                "Extra CORS origins, comma-separated, * wildcards (chrome-extension://*); * = any."),
     SettingSpec("resources.memory", "LLMMAN_MEMORY", None, Kind.SIZE, "0",
                 "Cap on the memory llmman fills with models on this node (24GB, 512MiB); 0 = all."),
     SettingSpec("resources.reserve", "LLMMAN_MEMORY_RESERVE", None, Kind.SIZE, "0",
                 "Memory kept back from models on this node (bytes or 2GB, 512MiB)."),
+    SettingSpec("aggregation.peers", "LLMMAN_PEERS", None, Kind.STR, "",
+                "Peer daemons, comma-separated, each like LLMMAN_HOST; empty = not aggregated.",
+                empty_env=True),
+    SettingSpec("aggregation.api_key", "LLMMAN_PEER_API_KEY", None, Kind.STR, "",
+                "Key presented to peers; empty = the first of auth.api_keys."),
+    SettingSpec("auth.api_keys", "LLMMAN_API_KEYS", None, Kind.STR, "",
+                "API keys clients must present, comma-separated; empty = no authentication."),
+    SettingSpec("auth.enforce", "LLMMAN_AUTH", None, Kind.BOOL, "true",
+                "Refuse to serve off loopback without API keys; off = allow it."),
 )
 # fmt: on
 

@@ -24,6 +24,11 @@ Environment variables:
     FAKE_SPLIT_BYTES=1         write every SSE event as two HTTP chunks with a short pause between, cut
                                inside the first multi-byte UTF-8 character (or mid-event if none), so a
                                client sees a character split across network reads.
+    FAKE_TOOL_CALL=JSON        ``{"name": ..., "arguments": {...}}``: a chat request that carries ``tools``
+                               and whose last message is not a ``tool`` result is answered with this one
+                               tool call (id ``call_fake0001``, ``finish_reason: "tool_calls"``); streamed,
+                               its ``arguments`` string is spread over three chunks as llama-server does.
+                               A request whose last message is a tool result gets FAKE_REPLY.
     FAKE_PER_MODEL=JSON        per-model overrides of these variables, ``{"KEY": {"FAKE_X": "v"}}``: an
                                entry applies when KEY equals the ``-a`` alias or the ``-m`` path, or is a
                                substring of the alias (one fake binary can then play a slow model A and
@@ -62,6 +67,7 @@ REPLY = "Hello from the fake llama-server."
 TOKEN_DELAY = 0.0
 CRASH_AFTER = -1
 SPLIT_BYTES = False
+TOOL_CALL: dict[str, Any] | None = None
 SPLIT_PAUSE = 0.005  # seconds between the two halves of a split event (lets the reader see them apart)
 LOADING_BODY = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
 
@@ -84,12 +90,13 @@ def apply_per_model(alias: str, model: str) -> None:
 
 def configure() -> None:
     """Read the behaviour knobs from the (overlaid) environment."""
-    global SILENT, REPLY, TOKEN_DELAY, CRASH_AFTER, SPLIT_BYTES
+    global SILENT, REPLY, TOKEN_DELAY, CRASH_AFTER, SPLIT_BYTES, TOOL_CALL
     SILENT = os.environ.get("FAKE_SILENT_HANG") == "1"
     REPLY = os.environ.get("FAKE_REPLY", "Hello from the fake llama-server.")
     TOKEN_DELAY = float(os.environ.get("FAKE_TOKEN_DELAY", "0"))
     CRASH_AFTER = int(os.environ.get("FAKE_CRASH_AFTER_TOKENS", "-1"))
     SPLIT_BYTES = os.environ.get("FAKE_SPLIT_BYTES") == "1"
+    TOOL_CALL = json.loads(os.environ["FAKE_TOOL_CALL"]) if os.environ.get("FAKE_TOOL_CALL") else None
 
 
 def dumps(obj: Any) -> bytes:
@@ -290,7 +297,49 @@ class Handler(BaseHTTPRequestHandler):
             State.requests += 1
         self.complete(body, chat)
 
+    def wants_tool_call(self, body: dict[str, Any], chat: bool) -> bool:
+        messages = body.get("messages") or [{}]
+        last = messages[-1] if isinstance(messages[-1], dict) else {}
+        return chat and TOOL_CALL is not None and bool(body.get("tools")) and last.get("role") != "tool"
+
+    def tool_call(self, base: dict[str, Any], body: dict[str, Any]) -> None:
+        """Answer with FAKE_TOOL_CALL: one message, or a stream with the arguments in three pieces."""
+        assert TOOL_CALL is not None
+        args = json.dumps(TOOL_CALL.get("arguments", {}))
+        call = {"id": "call_fake0001", "type": "function",
+                "function": {"name": TOOL_CALL["name"], "arguments": args}}  # fmt: skip
+        prompt_n = count_prompt(body)
+        usage = {"completion_tokens": 3, "prompt_tokens": prompt_n, "total_tokens": prompt_n + 3}
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            choice = {"index": 0, "finish_reason": "tool_calls", "message": message}
+            return self.send_json(200, {**base, "object": "chat.completion", "choices": [choice],
+                                        "usage": usage, "timings": timings(prompt_n, 3)})  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        obj = {**base, "object": "chat.completion.chunk"}
+        third = max(1, len(args) // 3)
+        pieces = [args[:third], args[third : 2 * third], args[2 * third :]]
+        head = {"index": 0, "id": call["id"], "type": "function",
+                "function": {"name": TOOL_CALL["name"], "arguments": ""}}  # fmt: skip
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": None}, {"tool_calls": [head]}]
+        deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in pieces]
+        for delta in deltas:
+            self.chunk({**obj, "choices": [{"index": 0, "finish_reason": None, "delta": delta}]})
+        self.chunk({**obj, "choices": [{"index": 0, "finish_reason": "tool_calls", "delta": {}}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            self.chunk({**obj, "choices": [], "usage": usage, "timings": timings(prompt_n, 3)})
+        self.chunk(b"[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
     def complete(self, body: dict[str, Any], chat: bool) -> None:
+        if self.wants_tool_call(body, chat):
+            base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
+                    "model": self.settings.model_id, "system_fingerprint": "b0-fake"}  # fmt: skip
+            return self.tool_call(base, body)
         tokens = tokens_of(REPLY)
         limit = body.get("max_completion_tokens", body.get("max_tokens", body.get("n_predict")))
         finish = "stop"

@@ -112,7 +112,7 @@ class InProcessApp:
         self.services = Services(settings=settings, store=self.store, scheduler=self.scheduler,
                                  gateway=gateway)  # fmt: skip
         transport = httpx.ASGITransport(app=build_app(self.services), raise_app_exceptions=False)
-        self._client = httpx.AsyncClient(transport=transport, base_url="http://llmman.test", timeout=60)
+        self._client = httpx.AsyncClient(transport=transport, base_url="http://llmman.localhost", timeout=60)
 
     async def _teardown(self) -> None:
         await self._client.aclose()

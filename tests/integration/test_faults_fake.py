@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import json
+import re
 import signal
 import socket
 import time
@@ -61,7 +62,17 @@ def ps(daemon: Daemon) -> list[dict[str, Any]]:
 
 
 def ps_entry(daemon: Daemon, name: str) -> dict[str, Any] | None:
-    return next((m for m in ps(daemon) if m["name"] == ref(name)), None)
+    """The loaded (or loading) row of ``name`` in ``/api/ps``; rows of failed models are skipped."""
+    return next((m for m in ps(daemon) if m["name"] == ref(name)
+                 and not str(m.get("processor", "")).startswith("failed")), None)  # fmt: skip
+
+
+def crashes(daemon: Daemon, name: str) -> int:
+    """How many times in a row ``name`` has crashed, from the ``failure`` field of its ``/api/ps`` row."""
+    for m in ps(daemon):
+        if m["name"] == ref(name) and "failure" in m:
+            return int(re.search(r"(\d+) time", str(m["failure"])).group(1))  # type: ignore[union-attr]
+    return 0
 
 
 def alive(pid: int) -> bool:
@@ -108,7 +119,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     }
     env = {"FAKE_REPLY": REPLY, "FAKE_SPLIT_BYTES": "1", "FAKE_PER_MODEL": json.dumps(per_model),
            "LLMMAN_LOAD_TIMEOUT": "1s", "LLMMAN_SHUTDOWN_GRACE": "5s"}  # fmt: skip
-    d = fake_daemon(tmp, env, ("tiny", "crashy", "badload", "hang", "slowload", "abandoned", "drip"))
+    d = fake_daemon(tmp, env, ("tiny", "crashy", "badload", "hang", "slowload", "abandoned", "drip",
+                                "pinned"))
     yield d
     if d.process.poll() is None:
         d.stop(signal.SIGTERM)
@@ -196,6 +208,7 @@ def test_utf8_survives_on_openai_non_streaming(client: httpx.Client) -> None:
 # ------------------------------------------------------------------------- child killed mid-stream
 def test_child_killed_mid_stream_on_the_ollama_route(daemon: Daemon, client: httpx.Client) -> None:
     assert client.post("/api/chat", json={"model": "crashy"}).json()["done_reason"] == "load"
+    before = crashes(daemon, "crashy")
     entry = ps_entry(daemon, "crashy")
     assert entry is not None
     first_pid = entry["pid"]
@@ -206,8 +219,9 @@ def test_child_killed_mid_stream_on_the_ollama_route(daemon: Daemon, client: htt
     assert set(lines[-1]) == {"error"} and isinstance(lines[-1]["error"], str)
     assert "stopped mid-answer" in lines[-1]["error"]
     assert not any(o.get("done") for o in lines)
-    # Noticed at once by the child watcher, not at the next request (none is made meanwhile).
-    wait_until(lambda: ps_entry(daemon, "crashy") is None, "the dead child to leave /api/ps")
+    # Noticed at once by the child watcher, not at the next request (none is made meanwhile); the
+    # model was busy, so it is restarted after its backoff (healing): /api/ps says why.
+    wait_until(lambda: crashes(daemon, "crashy") > before, "the crash to show in /api/ps")
     assert not alive(first_pid)
 
     again = client.post("/api/chat", json=chat("crashy", stream=False, options={"num_predict": 2}))
@@ -218,6 +232,7 @@ def test_child_killed_mid_stream_on_the_ollama_route(daemon: Daemon, client: htt
 
 
 def test_child_killed_mid_stream_on_the_openai_route(daemon: Daemon, client: httpx.Client) -> None:
+    before = crashes(daemon, "crashy")
     raw = b""
     with client.stream("POST", "/v1/chat/completions", json=chat("crashy", stream=True)) as resp:
         assert resp.status_code == 200
@@ -230,7 +245,7 @@ def test_child_killed_mid_stream_on_the_openai_route(daemon: Daemon, client: htt
     assert isinstance(last["error"]["message"], str) and "stopped mid-answer" in last["error"]["message"]
     tokens = [json.loads(p)["choices"][0]["delta"].get("content") for p in payloads[:-1]]
     assert "".join(t or "" for t in tokens) == "one two three"
-    wait_until(lambda: ps_entry(daemon, "crashy") is None, "the dead child to leave /api/ps")
+    wait_until(lambda: crashes(daemon, "crashy") > before, "the crash to show in /api/ps")
 
     again = client.post("/v1/chat/completions", json=chat("crashy", max_tokens=2))
     assert again.status_code == 200
@@ -240,12 +255,28 @@ def test_child_killed_mid_stream_on_the_openai_route(daemon: Daemon, client: htt
 @pytest.mark.parametrize("route", ["/api/chat", "/v1/chat/completions"])
 def test_child_killed_during_a_non_streaming_answer_is_a_500(daemon: Daemon, client: httpx.Client,
                                                              route: str) -> None:  # fmt: skip
+    before = crashes(daemon, "crashy")
     resp = client.post(route, json=chat("crashy", stream=False))
     assert resp.status_code == 500
     err = resp.json()["error"]
     message = err if route == "/api/chat" else err["message"]
     assert isinstance(message, str) and "llama-server for docker.io/ai/crashy:latest" in message
-    wait_until(lambda: ps_entry(daemon, "crashy") is None, "the dead child to leave /api/ps")
+    wait_until(lambda: crashes(daemon, "crashy") > before, "the crash to show in /api/ps")
+
+
+def test_kill_9_of_a_pinned_models_child_brings_it_back(daemon: Daemon, client: httpx.Client) -> None:
+    assert client.post("/api/generate", json={"model": "pinned", "keep_alive": -1}).status_code == 200
+    entry = ps_entry(daemon, "pinned")
+    assert entry is not None
+    first = entry["pid"]
+    psutil.Process(first).kill()
+    wait_until(lambda: (e := ps_entry(daemon, "pinned")) is not None and e["pid"] != first
+               and e["processor"] == "llama-server", "the pinned model to be restarted")  # fmt: skip
+    entry = ps_entry(daemon, "pinned")
+    assert entry is not None and "crashed 1 time(s) in a row: killed by a signal" in entry["failure"]
+    assert "restarting docker.io/ai/pinned:latest" in daemon.log_text()
+    again = client.post("/api/chat", json=chat("pinned", stream=False))
+    assert again.status_code == 200 and ps_entry(daemon, "pinned")["pid"] == entry["pid"]  # type: ignore[index]
 
 
 # ---------------------------------------------------------------------------------- failed loads
@@ -265,10 +296,16 @@ def test_child_exiting_while_loading_is_a_500_with_its_last_lines(daemon: Daemon
     assert ps_entry(daemon, "badload") is None
     assert {p.pid for p in llama_children(daemon)} <= before  # nothing new left running
 
+    # Cooling down: a 503 with Retry-After naming the cause, and no child is spawned for it.
+    (failed,) = [m for m in ps(daemon) if m["name"] == ref("badload")]
+    assert failed["processor"] == "failed (corrupt or unsupported model file)"
+    assert "failed to load 1 time(s)" in failed["failure"] and "fake failure" in failed["error"]
     oai = client.post("/v1/chat/completions", json=chat("badload", stream=True))
-    assert oai.status_code == 500
+    assert oai.status_code == 503, oai.text
+    assert int(oai.headers["Retry-After"]) >= 1
     assert "fake failure" in oai.json()["error"]["message"]
-    assert oai.json()["error"]["type"] == "server_error"
+    assert "corrupt or unsupported model file" in oai.json()["error"]["message"]
+    assert {p.pid for p in llama_children(daemon)} <= before
 
 
 def test_silent_hang_hits_the_load_timeout_then_a_good_load_works(daemon: Daemon,

@@ -141,6 +141,11 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_MEMORY": "24GB",
         "LLMMAN_MEMORY_RESERVE": "512MiB",
         "LLMMAN_OFFLINE": "1",
+        "LLMMAN_ORIGINS": "chrome-extension://*",
+        "LLMMAN_PEERS": "",  # empty is a value here: "no peers" (aggregation opt-out)
+        "LLMMAN_PEER_API_KEY": "pk",
+        "LLMMAN_API_KEYS": "k1,k2",
+        "LLMMAN_AUTH": "off",
     }
     s = load(files, env)
     assert s.host == HostAddress("https", "example.com", 443)
@@ -152,6 +157,8 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
     assert s.debug is True
     assert (s.memory, s.reserve) == (24 * 10**9, 512 * 2**20)
     assert s.offline is True
+    assert s.allowed_origins == "chrome-extension://*"
+    assert (s.peers, s.api_key, s.api_keys, s.enforce) == ("", "pk", "k1,k2", False)
     assert {origin for key, origin in s.origins.items()} == {f"env {spec.env}" for spec in SETTINGS}
 
 

@@ -120,7 +120,9 @@ async def test_exit_while_loading_fails_fast_with_its_lines(make: Factory) -> No
         await proc.start()
     assert not isinstance(caught.value, LoadTimeout)
     message = str(caught.value)
-    assert message.startswith("llama-server exited with code 3 while loading: ")
+    assert message.startswith(
+        "llama-server exited with code 3 while loading (corrupt or unsupported model file): "
+    )
     assert "error loading model: fake failure" in message
     assert "exiting due to model loading error" in message.splitlines()[-1]
     assert state(proc) is RunnerState.FAILED

@@ -170,7 +170,7 @@ async def test_crashed_child_is_forgotten_and_next_request_reloads(launcher: Fak
 
 
 async def test_failed_load_reaches_every_waiter_and_leaves_no_entry(launcher: FakeLauncher) -> None:
-    sched = Scheduler(launcher, default_keep_alive=300)
+    sched = Scheduler(launcher, default_keep_alive=300, heal_base=0)  # no cool-down here
     launcher.fail_with = RunnerError("llama-server exited with code 1 while loading: boom")
     launcher.gate.clear()
     tasks = [asyncio.create_task(sched.acquire(plan())) for _ in range(3)]

@@ -8,6 +8,9 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from llmman.api import anthropic, embeddings, node, ollama_infer, ollama_models, openai, responses
+from llmman.api.aggregate import Aggregate
+from llmman.api.auth import ApiKeys
+from llmman.api.cors import CORSAndHostGuard
 from llmman.api.errors import CatchAll, handle_http_error, handle_llmman_error
 from llmman.api.services import Services
 from llmman.api.transfer_routes import transfer_routes
@@ -41,7 +44,8 @@ def build_app(services: Services) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(CatchAll)],
+        middleware=[Middleware(CORSAndHostGuard, settings=services.settings), Middleware(CatchAll),
+                    Middleware(ApiKeys, keys=services.settings.api_keys), Middleware(Aggregate)],
         exception_handlers={
             LlmmanError: handle_llmman_error,
             HTTPException: handle_http_error,

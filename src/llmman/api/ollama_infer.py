@@ -23,6 +23,7 @@ from llmman.api.services import Services
 from llmman.durations import parse_duration
 from llmman.errors import LlmmanError
 from llmman.gateway import UpstreamExchange
+from llmman.protocol.capabilities import check_capabilities
 from llmman.protocol.framing import SSEDecoder, ndjson
 from llmman.protocol.ollama import parse_json_body
 from llmman.protocol.ollama_request import UpstreamRequest, chat_request, generate_request
@@ -61,6 +62,8 @@ async def _infer(request: Request, upstream: UpstreamRequest, started_ns: int) -
     services: Services = request.app.state.services
     gateway = services.gateway
     model = await gateway.ensure(upstream.model)
+    have = services.store.info(model.stored).capabilities
+    check_capabilities(upstream.model, upstream.kind, upstream.body, upstream.think, have)
     keep_alive = None if upstream.keep_alive is None else parse_duration(upstream.keep_alive)
     num_ctx = upstream.runner.num_ctx
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmman.cluster.peers import Peers
 from llmman.config import Settings
 from llmman.gateway import Gateway
 from llmman.registry.puller import Puller
@@ -20,3 +21,4 @@ class Services:
     scheduler: Scheduler
     gateway: Gateway
     puller: Puller | None = None  # pulls and pushes (issue 3); None in tests that need no registry
+    peers: Peers | None = None  # the aggregation (issue 5); None or empty = a node on its own

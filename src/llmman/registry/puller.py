@@ -120,6 +120,17 @@ class Puller:
         emit({"status": "success"})
         return model
 
+    def pull_via(self, ref: Reference, client: RegistryClient, emit: Emit = _quiet) -> StoredModel:
+        """Pull ``ref``'s repository and tag through ``client`` (another registry, such as a peer
+        node's ``/v2/``) and store it under ``ref``. Single-flight with :meth:`ensure`."""
+        with self._ref_lock(ref):
+            found = self.store.find(ref)
+            if found is not None:
+                return found
+            data, media, manifest = self._manifest(client, ref)
+            self._fetch_all(client, ref.repository, manifests.blobs(manifest), emit)
+            return self.store.put_manifest(ref, data, media)
+
     def _manifest(self, client: RegistryClient, ref: Reference) -> tuple[bytes, str, dict[str, Any]]:
         data, media = client.get_manifest(ref.repository, reference_tag(ref))
         if ref.digest is not None and manifests.sha256_digest(data) != ref.digest:

@@ -26,6 +26,7 @@ import aiohttp
 from llmman.errors import LoadTimeout, RunnerError
 from llmman.runner.argv import LaunchSpec, build_argv
 from llmman.runner.binary import free_port
+from llmman.runner.crash import Cause, classify
 from llmman.runner.logs import ChildLog
 from llmman.runner.orphans import die_with_parent_hook
 
@@ -111,6 +112,7 @@ class LlamaServerProcess:
         self.ready_at: float | None = None  # unix seconds when /health first answered 200
         self.spawned = asyncio.Event()  # set once a child exists (pid known)
         self.exited = asyncio.Event()  # set once the final child has exited and been reaped
+        self.exit_cause: Cause | None = None  # why the child died on its own (runner.crash), else None
 
     # ----------------------------------------------------------------------------------- properties
     @property
@@ -263,7 +265,15 @@ class LlamaServerProcess:
         if any("couldn't bind" in line for line in tail):
             return _BindFailed(f"llama-server could not bind {self._host}:{child.port}: " + "\n".join(tail))
         code = child.proc.returncode
-        return RunnerError(f"llama-server exited with code {code} while loading: " + "\n".join(tail))
+        self.exit_cause = classify(self._own_lines(child), code)
+        error = RunnerError(f"llama-server exited with code {code} while loading "
+                            f"({self.exit_cause.value}): " + "\n".join(tail))
+        error.cause = self.exit_cause.value
+        return error
+
+    def _own_lines(self, child: _Child) -> list[str]:
+        """Every line ``child`` printed that the ring buffer still holds (for runner.crash)."""
+        return self._log.tail(self._log.count - child.first_line)
 
     async def _poll_health(self, port: int) -> None:
         """Return once ``GET /health`` answers 200; 503 (loading), other codes and errors mean poll again.
@@ -306,10 +316,11 @@ class LlamaServerProcess:
         if child is not self._child or self._state is not RunnerState.READY:
             return  # start() or stop() reports this exit
         self._state = RunnerState.FAILED
+        self.exit_cause = classify(self._own_lines(child), code)
         tail = self._log.tail(_EXIT_TAIL_LINES)
         logger.warning(
-            "llama-server for %s (pid %d) exited with code %d while serving; last lines:\n%s",
-            self.spec.alias, child.proc.pid, code, "\n".join(tail),
+            "llama-server for %s (pid %d) exited with code %d while serving (%s); last lines:\n%s",
+            self.spec.alias, child.proc.pid, code, self.exit_cause.value, "\n".join(tail),
         )  # fmt: skip
         self._log.note(f"exited with code {code} while serving")
         self._log.close()

@@ -1,0 +1,227 @@
+"""ASGI middleware putting this node in its aggregation (SPEC G; rules in cluster/placement.py).
+
+* A request carrying ``x-llmman-hop`` is this node's alone: served here, lists answered for this node
+  only (a ``x-llmman-source`` header names the peer to copy a missing model from).
+* ``GET /api/ps``, ``/api/tags``, ``/v1/models`` merge the peers' answers (cluster/views.py).
+* An inference ``POST`` (and ``/api/show``) naming a model not loaded here probes the peers, ranks
+  the nodes and serves it here or forwards the same bytes to the chosen peer, streaming its answer
+  back as it comes. A peer that fails before its status line is marked down and the next candidate
+  is tried; a failure after it ends the stream with an in-band error. A client that goes away closes
+  the upstream connection, which cancels the work on the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.datastructures import Headers
+
+from llmman.api.services import Services
+from llmman.cluster.copy import PULL_SOURCE, PullSource
+from llmman.cluster.forward import RESPONSE_DROP, SOURCE, forward_headers, in_band_error, open_forward
+from llmman.cluster.peers import HOP, Peers, local_view, peer_name
+from llmman.cluster.placement import NodeView, model_size, rank
+from llmman.cluster.views import MERGED, merge
+from llmman.errors import LlmmanError
+from llmman.refs import parse_reference
+from llmman.settings_table import parse_host
+
+log = logging.getLogger("llmman.cluster")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PLACED = frozenset({
+    "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/v1/chat/completions",
+    "/v1/completions", "/v1/embeddings", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
+    "/v1/responses/input_tokens",
+})
+
+
+class Aggregate:
+    """The middleware; a no-op on a node without peers (except honouring ``x-llmman-source``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        services: Services = scope["app"].state.services
+        peers = services.peers
+        headers = Headers(scope=scope)
+        path, method = scope["path"], scope["method"]
+        if HOP in headers or peers is None or not peers:
+            source = headers.get(SOURCE) if HOP in headers else None
+            if source and peers is not None:
+                PULL_SOURCE.set(_source(source, scope, peers))
+            return await self.app(scope, receive, send)
+        if method == "GET" and path in MERGED:
+            return await self._view(scope, receive, send, peers)
+        if method == "POST" and path in PLACED:
+            return await self._place(scope, receive, send, services, peers)
+        return await self.app(scope, receive, send)
+
+    async def _view(self, scope: Scope, receive: Receive, send: Send, peers: Peers) -> None:
+        messages: list[Message] = []
+
+        async def capture(message: Message) -> None:
+            messages.append(message)
+
+        remote_task = asyncio.ensure_future(peers.gather(scope["path"]))
+        await self.app(scope, receive, capture)
+        remote = await remote_task
+        start = messages[0] if messages else {}
+        body = b"".join(m.get("body", b"") for m in messages[1:])
+        if start.get("status") == 200 and remote:
+            try:
+                body = orjson.dumps(merge(scope["path"], orjson.loads(body),
+                                          [(peer_name(a), doc) for a, doc in remote]))
+            except orjson.JSONDecodeError:
+                pass
+        out = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        out.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": start.get("status", 500), "headers": out})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _place(self, scope: Scope, receive: Receive, send: Send, services: Services,
+                     peers: Peers) -> None:
+        body = await _read_body(receive)
+        replay = _replay(body, receive)
+        ref = _model_of(scope["path"], body, services.settings.aliases)
+        if ref is None:
+            return await self.app(scope, replay, send)
+        local = local_view(services.scheduler, services.store)
+        if local.has_loaded(ref):
+            return await self.app(scope, replay, send)
+        nodes = [local, *await peers.probe()]
+        candidates = _candidates(scope["path"], body, ref, nodes)
+        log.debug("placement of %s: %s (free/memory: %s)", ref, [n.name for n in candidates],
+                  {n.name: f"{n.free}/{n.memory}" for n in nodes})
+        storer = next((n for n in nodes if n.has_stored(ref)), None)
+        for node in candidates:
+            if node.is_local:
+                if storer is not None and not storer.is_local:
+                    PULL_SOURCE.set(PullSource(parse_host(storer.url), peers.api_key))
+                return await self.app(scope, replay, send)
+            source = None
+            if storer is not None and not node.has_stored(ref):
+                source = "*" if storer.is_local else storer.url
+                if storer.is_local:
+                    own = services.settings.host
+                    source = f"{own.scheme}://*:{own.port}"
+            if await self._forward(scope, receive, send, peers, node, body, source):
+                return None
+        return await self.app(scope, replay, send)
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, peers: Peers, node: NodeView,
+                       body: bytes, source: str | None) -> bool:
+        """Serve the request from ``node``; False when it failed before answering (nothing was sent)."""
+        address = next(a for a in peers.addresses if peer_name(a) == node.name)
+        path_qs = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
+        client_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        try:
+            response = await open_forward(peers, address, scope["method"], path_qs, body,
+                                          forward_headers(client_headers, peers, source))
+        except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+            peers.mark_down(address, str(exc) or type(exc).__name__)
+            return False
+        log.debug("forwarding %s to %s", scope["path"], node.name)
+        pump = asyncio.ensure_future(_pump(response, send, scope["path"], peers, address))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (pump, watch):
+                task.cancel()
+            await asyncio.gather(pump, watch, return_exceptions=True)
+            response.close()
+        return True
+
+
+async def _pump(response: aiohttp.ClientResponse, send: Send, path: str, peers: Peers, address: Any) -> None:
+    headers = [(k, v) for k, v in response.raw_headers if k.decode("latin-1").lower() not in RESPONSE_DROP]
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    try:
+        async for chunk in response.content.iter_any():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        peers.mark_down(address, f"failed mid-answer: {exc or type(exc).__name__}")
+        message = f"peer {peer_name(address)} failed mid-answer"
+        await send({"type": "http.response.body", "body": in_band_error(path, message), "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _read_body(receive: Receive) -> bytes:
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(parts)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def again() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
+
+
+def _model_of(path: str, body: bytes, aliases: dict[str, str]) -> str | None:
+    """The full reference the request names, or None (no JSON, no model: served here)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    name = doc.get("model") or (doc.get("name") if path == "/api/show" else None) if isinstance(doc, dict) \
+        else None
+    if not isinstance(name, str) or not name:
+        return None
+    try:
+        return str(parse_reference(name, aliases))
+    except LlmmanError:
+        return None
+
+
+def _candidates(path: str, body: bytes, ref: str, nodes: list[NodeView]) -> list[NodeView]:
+    """Where to try, in order: show and unload go where the model is; anything else by the rules."""
+    if path == "/api/show":
+        return [n for n in nodes if n.has_stored(ref)] or nodes[:1]
+    doc = orjson.loads(body)
+    if path in ("/api/generate", "/api/chat") and doc.get("keep_alive") in (0, "0", "0s", "0m"):
+        return [n for n in nodes if n.has_loaded(ref)] or nodes[:1]
+    return rank(ref, model_size(ref, nodes), nodes)
+
+
+def _source(value: str, scope: Scope, peers: Peers) -> PullSource | None:
+    """``x-llmman-source`` as a :class:`PullSource`; ``*`` stands for the address the request came from."""
+    if "*" in value:
+        client = (scope.get("client") or ("127.0.0.1", 0))[0]
+        value = value.replace("*", f"[{client}]" if ":" in client else client)
+    try:
+        return PullSource(parse_host(value), peers.api_key)
+    except LlmmanError:
+        return None

@@ -1,0 +1,61 @@
+"""Sending a request on to a peer: the same method, path and bytes, plus ``x-llmman-hop: 1``.
+
+The client's own credentials never travel (the peer key does, see :class:`Peers.headers`), nor do
+hop-by-hop headers. :func:`open_forward` returns once the peer's status line arrived, so a failure
+before that can still be retried on the next candidate; :func:`in_band_error` is what a client gets
+when a peer fails after the first byte, in the dialect of the path it called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import aiohttp
+import orjson
+
+from llmman.cluster.peers import PROBE_TIMEOUT_S, Peers
+from llmman.settings_table import HostAddress
+
+_DROP = frozenset({
+    "host", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade",
+    "proxy-connection", "authorization", "x-api-key", "x-goog-api-key", "x-llmman-hop", "accept-encoding",
+})
+RESPONSE_DROP = frozenset({
+    "connection", "keep-alive", "transfer-encoding", "content-length", "server", "date",
+})
+SOURCE = "x-llmman-source"  # where the chosen node may copy the model from (a peer storing it)
+
+
+def forward_headers(client_headers: Iterable[tuple[str, str]], peers: Peers,
+                    source: str | None = None) -> dict[str, str]:
+    """The headers sent to the peer: the client's, less hop-by-hop and credentials, plus ours."""
+    out = {k: v for k, v in client_headers if k.lower() not in _DROP}
+    out.update(peers.headers())
+    out["Accept-Encoding"] = "identity"
+    if source:
+        out[SOURCE] = source
+    return out
+
+
+async def open_forward(peers: Peers, address: HostAddress, method: str, path_qs: str, body: bytes,
+                       headers: dict[str, str]) -> aiohttp.ClientResponse:
+    """Send the request and wait for the status line (no limit on the answer itself; connecting is
+    limited to the probe timeout). The caller must release the response.
+
+    Raises:
+        OSError, aiohttp.ClientError, TimeoutError: the peer failed before answering.
+    """
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=PROBE_TIMEOUT_S)
+    return await peers.session.request(method, address.client_url() + path_qs, data=body, headers=headers,
+                                       timeout=timeout, auto_decompress=False, allow_redirects=False)
+
+
+def in_band_error(path: str, message: str) -> bytes:
+    """A last chunk telling the client its stream broke, in the dialect of ``path``."""
+    if path.startswith("/v1/messages"):
+        doc = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + orjson.dumps(doc) + b"\n\n"
+    if path.startswith("/v1/"):
+        err = {"error": {"message": message, "type": "server_error", "code": 502}}
+        return b"data: " + orjson.dumps(err) + b"\n\n"
+    return orjson.dumps({"error": message}) + b"\n"

@@ -1,0 +1,190 @@
+"""The peer list and the probe every cold request makes (``GET /llmman/node`` on each peer at once).
+
+A peer that fails (refused, timed out after :data:`PROBE_TIMEOUT_S`, answered non-200 — a 401 for a
+key it does not accept included — or sent something that is not a node document) is left out of that
+decision and remembered as down: later decisions skip it without waiting, while one background task
+re-probes it every :data:`RETRY_S` seconds and takes it back as soon as it answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from llmman.cluster.placement import LOCAL, NodeView
+from llmman.errors import ConfigError
+from llmman.scheduler import Scheduler
+from llmman.settings_table import HostAddress, parse_host
+from llmman.store import Store
+
+log = logging.getLogger("llmman.cluster")
+
+PROBE_TIMEOUT_S = 3.0
+RETRY_S = 2.0
+HOP = "x-llmman-hop"
+
+
+def parse_peers(text: str) -> tuple[HostAddress, ...]:
+    """``asahi, spark:17434, https://10.0.0.5`` -> addresses (port 17434 by default, 80/443 with a scheme).
+
+    Raises:
+        ConfigError: an entry that does not parse as ``LLMMAN_HOST`` does, naming it.
+    """
+    peers: list[HostAddress] = []
+    for part in text.split(","):
+        if part.strip():
+            try:
+                peers.append(parse_host(part))
+            except ConfigError as exc:
+                raise ConfigError(f"aggregation.peers: {exc.message}") from None
+    return tuple(dict.fromkeys(peers))
+
+
+def peer_name(address: HostAddress) -> str:
+    """How a peer is named in lists and logs: ``host:port``."""
+    return address.netloc
+
+
+def local_view(scheduler: Scheduler, store: Store) -> NodeView:
+    """This node as :class:`NodeView` (the same figures as ``GET /llmman/node``)."""
+    loaded: dict[str, int] = {}
+    for snap in scheduler.snapshot():
+        loaded[snap.reference] = loaded.get(snap.reference, 0) + snap.memory
+    stored = {m.reference: m.size for m in store.list()}
+    return NodeView(LOCAL, scheduler.capacity, loaded, stored)
+
+
+def _int_table(value: object) -> dict[str, int] | None:
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, int] = {}
+    for name, size in value.items():
+        if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int):
+            return None
+        out[name] = size
+    return out
+
+
+def parse_node(name: str, url: str, doc: object) -> NodeView | None:
+    """A peer's ``/llmman/node`` answer as :class:`NodeView`; None for anything malformed."""
+    if not isinstance(doc, dict):
+        return None
+    memory = doc.get("memory")
+    loaded, stored = _int_table(doc.get("loaded")), _int_table(doc.get("stored"))
+    if isinstance(memory, bool) or not isinstance(memory, int) or loaded is None or stored is None:
+        return None
+    return NodeView(name, max(0, memory), loaded, stored, url)
+
+
+class Peers:
+    """The peers of this node and what is known about their health.
+
+    Args:
+        session: the aiohttp session for peer traffic (TLS settings included).
+        peers: the parsed ``aggregation.peers``.
+        api_key: the peer key sent as ``Authorization: Bearer``; empty = none.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession, peers: tuple[HostAddress, ...], *,
+                 api_key: str = "", timeout: float = PROBE_TIMEOUT_S, retry: float = RETRY_S) -> None:
+        self.session = session
+        self.addresses = peers
+        self.api_key = api_key
+        self.timeout = timeout
+        self.retry = retry
+        self._down: dict[str, str] = {}  # peer name -> why
+        self._retry_task: asyncio.Task[None] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.addresses)
+
+    def headers(self) -> dict[str, str]:
+        """What every request to a peer carries: the hop mark and the peer key."""
+        out = {HOP: "1"}
+        if self.api_key:
+            out["Authorization"] = f"Bearer {self.api_key}"
+        return out
+
+    def up(self) -> list[HostAddress]:
+        """The peers not remembered as down."""
+        return [a for a in self.addresses if peer_name(a) not in self._down]
+
+    def mark_down(self, address: HostAddress, why: str) -> None:
+        """Skip ``address`` until a background re-probe sees it answer again."""
+        name = peer_name(address)
+        if name not in self._down:
+            log.info("peer %s left out: %s", name, why)
+        self._down[name] = why
+        if self._retry_task is None or self._retry_task.done():
+            self._retry_task = asyncio.create_task(self._reprobe())
+
+    async def get_json(self, address: HostAddress, path: str) -> object:
+        """GET ``path`` on a peer with the peer headers, within the probe timeout.
+
+        Raises:
+            OSError, aiohttp.ClientError, TimeoutError, ValueError: the peer failed in some way.
+        """
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        async with self.session.get(address.client_url() + path, headers=self.headers(),
+                                    timeout=timeout) as response:
+            if response.status != 200:
+                raise ValueError(f"{path} answered {response.status}")
+            doc: object = await response.json(content_type=None)
+            return doc
+
+    async def _probe_one(self, address: HostAddress) -> NodeView | None:
+        name = peer_name(address)
+        try:
+            view = parse_node(name, address.client_url(), await self.get_json(address, "/llmman/node"))
+            if view is None:
+                raise ValueError("not a node document")
+        except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            why = str(exc) or type(exc).__name__
+            log.debug("placement: skipping peer %s: %s", name, why)
+            self.mark_down(address, why)
+            return None
+        return view
+
+    async def probe(self) -> list[NodeView]:
+        """Every peer not known to be down, asked at once; the ones that answered in time."""
+        views = await asyncio.gather(*(self._probe_one(a) for a in self.up()))
+        return [v for v in views if v is not None]
+
+    async def gather(self, path: str) -> list[tuple[HostAddress, Any]]:
+        """GET ``path`` on every peer not known to be down, at once; ``(peer, document)`` of those
+        that answered 200 with JSON in time (the others are marked down)."""
+        async def one(address: HostAddress) -> tuple[HostAddress, Any] | None:
+            try:
+                return address, await self.get_json(address, path)
+            except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                self.mark_down(address, str(exc) or type(exc).__name__)
+                return None
+
+        found = await asyncio.gather(*(one(a) for a in self.up()))
+        return [f for f in found if f is not None]
+
+    async def _reprobe(self) -> None:
+        """Re-probe the down peers every ``retry`` seconds until none is left."""
+        by_name: Mapping[str, HostAddress] = {peer_name(a): a for a in self.addresses}
+        while self._down:
+            await asyncio.sleep(self.retry)
+            for name in list(self._down):
+                address = by_name[name]
+                try:
+                    if parse_node(name, "", await self.get_json(address, "/llmman/node")) is not None:
+                        self._down.pop(name, None)
+                        log.info("peer %s is back", name)
+                except (OSError, aiohttp.ClientError, TimeoutError, ValueError):
+                    continue
+
+    async def close(self) -> None:
+        """Stop the background re-probe."""
+        if self._retry_task is not None:
+            self._retry_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._retry_task

@@ -1,0 +1,98 @@
+"""The scheduler's memory of failures: cool-downs, restarts and the breaker (rules in llmman.healing).
+
+:class:`Healer` keeps one :class:`~llmman.healing.Failure` per table key, refuses requests for a model
+that is cooling down (503 with ``Retry-After`` instead of a child per request), logs each failure with
+its classified cause, and runs the delayed restarts the scheduler asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from llmman import healing
+from llmman.errors import ServiceUnavailable
+from llmman.healing import Failure
+
+log = logging.getLogger("llmman.scheduler")
+
+
+class Healer:
+    """Failure records and restart tasks of one scheduler.
+
+    Args:
+        base: seconds of the first cool-down (healing.BASE_S; tests use less).
+        clock: monotonic seconds (injected for tests).
+    """
+
+    def __init__(self, *, base: float = healing.BASE_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._scale = base / healing.BASE_S
+        self._clock = clock
+        self.failures: dict[str, Failure] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def check(self, key: str, reference: str) -> None:
+        """Raise 503 with ``Retry-After`` while ``key`` cools down after a failed load; else return.
+
+        Raises:
+            ServiceUnavailable: code ``model_cooling_down``, naming the cause and the retry time.
+        """
+        failure = self.failures.get(key)
+        if failure is None or failure.while_serving:  # after a crash a request may reload at once
+            return
+        remaining = failure.until - self._clock()
+        if remaining > 0:
+            wait = healing.retry_after(remaining)
+            raise ServiceUnavailable(
+                f"model {reference} {failure.reason()}; not retrying for {wait} s: {failure.message}",
+                code="model_cooling_down", retry_after=wait,
+            )  # fmt: skip
+
+    def _record(self, key: str, *, cause: str, message: str, uptime: float | None) -> Failure:
+        failure = healing.record(self.failures.get(key), cause=cause, message=message, now=self._clock(),
+                                 uptime=uptime)
+        failure.until = self._clock() + (failure.until - self._clock()) * self._scale
+        self.failures[key] = failure
+        log.warning("%s %s", key, failure.reason())
+        return failure
+
+    def failed_load(self, key: str, *, cause: str, message: str) -> Failure:
+        """Record a load that failed (the model is not loaded)."""
+        return self._record(key, cause=cause, message=message, uptime=None)
+
+    def crashed(self, key: str, *, cause: str, message: str, uptime: float) -> Failure:
+        """Record a child that died while serving after ``uptime`` seconds."""
+        return self._record(key, cause=cause, message=message, uptime=uptime)
+
+    def loaded(self, key: str) -> None:
+        """A load succeeded: the cool-down ends, the count stays (a crash soon after counts on)."""
+        failure = self.failures.get(key)
+        if failure is not None:
+            failure.until = 0.0
+
+    def forget(self, key: str) -> None:
+        """Drop ``key``'s record (the model was unloaded on purpose)."""
+        self.failures.pop(key, None)
+
+    def delay(self, failure: Failure) -> float:
+        """Seconds until ``failure``'s cool-down ends (>= 0)."""
+        return max(0.0, failure.until - self._clock())
+
+    def later(self, delay: float, action: Callable[[], Awaitable[None]], name: str) -> None:
+        """Run ``action`` after ``delay`` seconds in a tracked task (cancelled by :meth:`close`)."""
+
+        async def run() -> None:
+            await asyncio.sleep(delay)
+            await action()
+
+        task = asyncio.create_task(run(), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Cancel every pending restart."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

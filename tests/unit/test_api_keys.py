@@ -1,0 +1,40 @@
+"""API keys middleware: the three spellings, 401 with WWW-Authenticate, open liveness paths."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from llmman.api.aggregate import Receive, Scope, Send
+from llmman.api.auth import ApiKeys
+
+
+async def ok(scope: Scope, receive: Receive, send: Send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.mark.parametrize(("headers", "status"), [
+    ({}, 401),
+    ({"Authorization": "Bearer k2"}, 200),
+    ({"authorization": "bearer k1"}, 200),
+    ({"x-api-key": "k1"}, 200),
+    ({"x-goog-api-key": "k2"}, 200),
+    ({"Authorization": "Bearer nope"}, 401),
+    ({"Authorization": "Basic azE="}, 401),
+])
+async def test_keys(headers: dict[str, str], status: int) -> None:
+    transport = httpx.ASGITransport(app=ApiKeys(ok, keys="k1, k2"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        r = await client.post("/api/chat", headers=headers)
+        assert r.status_code == status
+        if status == 401:
+            assert r.headers["www-authenticate"] == 'Bearer realm="llmman"'
+            assert "x-goog-api-key" in r.json()["error"]
+        assert (await client.get("/api/version")).status_code == 200
+
+
+async def test_no_keys_no_check() -> None:
+    transport = httpx.ASGITransport(app=ApiKeys(ok, keys=" , "))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        assert (await client.post("/api/chat")).status_code == 200
