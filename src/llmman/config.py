@@ -75,6 +75,7 @@ class Settings:
     api_key: str = ""
     api_keys: str = ""
     enforce: bool = True
+    client_key: str = ""
     aliases: dict[str, str] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
 

@@ -202,6 +202,8 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "API keys clients must present, comma-separated; empty = no authentication."),
     SettingSpec("auth.enforce", "LLMMAN_AUTH", None, Kind.BOOL, "true",
                 "Refuse to serve off loopback without API keys; off = allow it."),
+    SettingSpec("auth.client_key", "LLMMAN_API_KEY", None, Kind.STR, "",
+                "Key the CLI presents to the daemon; empty = the first of auth.api_keys."),
 )
 # fmt: on
 

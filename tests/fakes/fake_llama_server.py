@@ -295,7 +295,16 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_error_json(400, problem, "invalid_request_error")
         with State.lock:
             State.requests += 1
-        self.complete(body, chat)
+        try:
+            self.complete(body, chat)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+            # llama-server answers a field of the wrong shape with 400 (its JSON type errors are
+            # invalid_argument); the fake must not just drop the connection. Only before any byte.
+            if not getattr(self, "_headers_buffer", None) and not self.wfile.closed:
+                try:
+                    self.send_error_json(400, f"invalid request: {exc}", "invalid_request_error")
+                except OSError:
+                    pass
 
     def wants_tool_call(self, body: dict[str, Any], chat: bool) -> bool:
         messages = body.get("messages") or [{}]

@@ -145,6 +145,7 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_PEERS": "",  # empty is a value here: "no peers" (aggregation opt-out)
         "LLMMAN_PEER_API_KEY": "pk",
         "LLMMAN_API_KEYS": "k1,k2",
+        "LLMMAN_API_KEY": "k2",
         "LLMMAN_AUTH": "off",
     }
     s = load(files, env)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmman.cli.client import DaemonClient, DaemonUnreachable
+from llmman.cli.client import DaemonClient, DaemonUnreachable, client_for
 from llmman.errors import LlmmanError
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def ensure_server(
         LlmmanError: the started daemon exited, or did not answer within ``timeout`` seconds; the message
             names the log file.
     """
-    client = DaemonClient(settings.host.client_url())
+    client = client_for(settings)
     if client.ping():
         return client
     if not settings.host.is_loopback() and settings.host.host not in ("0.0.0.0", "::", ""):

@@ -14,10 +14,13 @@ from __future__ import annotations
 import http.client
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from llmman.errors import LlmmanError, ModelNotFound, ServiceUnavailable
+
+if TYPE_CHECKING:
+    from llmman.config import Settings
 
 __all__ = ["DaemonClient", "DaemonUnreachable"]
 
@@ -37,12 +40,26 @@ class DaemonUnreachable(ServiceUnavailable):
         self.url = url
 
 
+def client_key(settings: Settings) -> str:
+    """The key ``llmman`` commands present: ``auth.client_key`` (``LLMMAN_API_KEY``), else the first of
+    the daemon's own ``auth.api_keys`` (so a CLI on the daemon's machine works without more set-up)."""
+    if settings.client_key:
+        return settings.client_key
+    return next((k.strip() for k in settings.api_keys.split(",") if k.strip()), "")
+
+
+def client_for(settings: Settings, *, timeout: float = _TIMEOUT) -> DaemonClient:
+    """A client of the daemon at ``settings.host`` presenting :func:`client_key`."""
+    return DaemonClient(settings.host.client_url(), timeout=timeout, api_key=client_key(settings))
+
+
 class DaemonClient:
     """Blocking client of one daemon at ``base_url`` (e.g. ``http://127.0.0.1:17434``)."""
 
-    def __init__(self, base_url: str, *, timeout: float = _TIMEOUT) -> None:
+    def __init__(self, base_url: str, *, timeout: float = _TIMEOUT, api_key: str = "") -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.api_key = api_key
         parts = urlsplit(self.base_url)
         self._https = parts.scheme == "https"
         self._host = parts.hostname or "127.0.0.1"
@@ -86,6 +103,8 @@ class DaemonClient:
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
         headers = {"accept": "application/json"}
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
         data = None
         if body is not None:
             data = json.dumps(body).encode()

@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from llmman.cli.client import DaemonClient, DaemonUnreachable
+from llmman.cli.client import DaemonClient, DaemonUnreachable, client_for
 from llmman.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _client(settings: Settings) -> DaemonClient:
-    return DaemonClient(settings.host.client_url())
+    return client_for(settings)
 
 
 def cmd_ps(args: argparse.Namespace, settings: Settings) -> int:

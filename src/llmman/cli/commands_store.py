@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmman.cli.client import DaemonClient
+from llmman.cli.client import DaemonClient, client_for
 from llmman.errors import LlmmanError, ModelNotFound, NotFound
 from llmman.refs import Reference, parse_reference
 
@@ -31,7 +31,7 @@ def _daemon(args: argparse.Namespace, settings: Settings) -> DaemonClient | None
     """A client of the daemon when one answers and no explicit ``--store`` was given, else None."""
     if getattr(args, "store", None):
         return None
-    client = DaemonClient(settings.host.client_url())
+    client = client_for(settings)
     if client.ping():
         return client
     client.close()
