@@ -25,6 +25,7 @@ import tomlkit
 import tomlkit.exceptions
 
 from llmman.errors import ConfigError
+from llmman.presets import MODELS, Preset, display_preset, parse_preset
 from llmman.settings_table import SETTINGS, HostAddress, Kind, SettingSpec, convert, display, parse_host
 
 __all__ = [
@@ -45,7 +46,7 @@ __all__ = [
 
 ALIASES = "aliases"
 _BY_KEY = {spec.key: spec for spec in SETTINGS}
-_SECTIONS = {spec.key.split(".", 1)[0] for spec in SETTINGS} | {ALIASES}
+_SECTIONS = {spec.key.split(".", 1)[0] for spec in SETTINGS} | {ALIASES, MODELS}
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,12 @@ class Settings:
     api_keys: str = ""
     enforce: bool = True
     client_key: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    ca_file: str = ""
+    health_interval: float = 10.0
     aliases: dict[str, str] = field(default_factory=dict)
+    presets: dict[str, Preset] = field(default_factory=dict)  # [models."REF"], by full reference
     origins: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -151,10 +157,14 @@ def load_settings(
             values[spec.key] = convert(spec, spec.default, strict_types=False)
         origins[spec.key] = "default"
     aliases: dict[str, str] = {}
+    presets: dict[str, Preset] = {}
 
     for path in (system_file or system_config_path(), user_file or user_config_path(env)):
         for key, value in _read_file(path).items():
-            if isinstance(key, tuple):
+            if isinstance(key, tuple) and key[0] == MODELS and isinstance(value, Preset):
+                presets[key[1]] = value  # a later file's preset replaces an earlier one's, whole
+                origins[f'{MODELS}."{key[1]}"'] = str(path)
+            elif isinstance(key, tuple):
                 aliases[key[1]] = str(value)
                 origins[alias_key(key[1])] = str(path)
             else:
@@ -188,7 +198,7 @@ def load_settings(
         origins[key] = "flag"
 
     typed: dict[str, Any] = {spec.attr: values[spec.key] for spec in SETTINGS}
-    return Settings(**typed, aliases=aliases, origins=origins)
+    return Settings(**typed, aliases=aliases, presets=presets, origins=origins)
 
 
 def _ollama_auto(spec: SettingSpec, text: str) -> bool:
@@ -252,6 +262,13 @@ def _read_file(path: Path) -> dict[str | tuple[str, str], object]:
             raise ConfigError(f"{path}: {section!r} must be a table ([{section}])")
         for name, raw in table.items():
             key = f"{section}.{name}"
+            if section == MODELS:
+                try:
+                    preset = parse_preset(name, raw)
+                except ConfigError as exc:
+                    raise ConfigError(f"{path}: {exc}") from None
+                out[(MODELS, preset.reference)] = preset
+                continue
             if section == ALIASES:
                 try:
                     out[(ALIASES, name)] = _check_alias(name, raw)
@@ -283,7 +300,8 @@ def config_get(settings: Settings, key: str) -> str:
 
 
 def config_list(settings: Settings) -> list[tuple[str, str, str]]:
-    """``(key, value, origin)`` for every setting in table order, then each alias by name."""
+    """``(key, value, origin)`` for every setting in table order, then each alias by name, then each
+    preset key (``models."REF".context``) by reference."""
     rows = [
         (spec.key, display(spec, getattr(settings, spec.attr)), settings.origins.get(spec.key, "default"))
         for spec in SETTINGS
@@ -291,6 +309,9 @@ def config_list(settings: Settings) -> list[tuple[str, str, str]]:
     for name in sorted(settings.aliases):
         key = alias_key(name)
         rows.append((key, settings.aliases[name], settings.origins.get(key, "default")))
+    for reference in sorted(settings.presets):
+        origin = settings.origins.get(f'{MODELS}."{reference}"', "default")
+        rows.extend((key, text, origin) for key, text in display_preset(settings.presets[reference]))
     return rows
 
 

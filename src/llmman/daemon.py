@@ -29,6 +29,7 @@ from llmman.config import Settings
 from llmman.errors import LlmmanError
 from llmman.gateway import Gateway
 from llmman.gpu import node_memory
+from llmman.presets import device_env
 from llmman.registry.credentials import CredentialStore, default_credentials_path
 from llmman.registry.puller import Puller
 from llmman.runner.argv import LaunchSpec, child_env
@@ -37,6 +38,7 @@ from llmman.runner.process import LlamaServerProcess
 from llmman.scheduler import Launcher, ModelPlan, Runner, Scheduler
 from llmman.sizes import format_bytes
 from llmman.store import Store
+from llmman.tls import check_server_tls, client_context
 
 log = logging.getLogger("llmman")
 
@@ -62,6 +64,22 @@ def _configure_logging(debug: bool) -> None:
     root.propagate = False
 
 
+def launch_spec(plan: ModelPlan) -> LaunchSpec:
+    """The child's :class:`LaunchSpec` for ``plan`` (pure): slots, ``-ngl`` and extra argv come from the
+    plan, i.e. from the model's preset (llmman.presets) where it has one."""
+    pooling = ("--pooling", plan.pooling) if plan.pooling else ()
+    return LaunchSpec(
+        model_path=Path(plan.model_path),
+        alias=plan.reference,
+        n_ctx=plan.n_ctx,
+        n_parallel=plan.n_parallel,
+        mmproj=Path(plan.mmproj_path) if plan.mmproj_path else None,
+        n_gpu_layers=plan.n_gpu_layers,
+        embedding=plan.embedding,
+        extra_args=pooling + plan.extra_args,
+    )
+
+
 def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> Launcher:
     """A launcher that starts one ``llama-server`` per plan with the settings' slots and timeouts.
 
@@ -76,23 +94,16 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
     env = child_env(environ, config_home=config_home)
 
     async def launch(plan: ModelPlan, on_exit: Callable[[Runner], None]) -> Runner:
-        spec = LaunchSpec(
-            model_path=Path(plan.model_path),
-            alias=plan.reference,
-            n_ctx=plan.n_ctx,
-            n_parallel=plan.n_parallel,
-            mmproj=Path(plan.mmproj_path) if plan.mmproj_path else None,
-            embedding=plan.embedding,
-            extra_args=("--pooling", plan.pooling) if plan.pooling else (),
-        )
+        spec = launch_spec(plan)
         log_name = plan.key.replace("/", "_").replace(":", "_").replace("#", "_") + ".log"
         process = LlamaServerProcess(
             binary,
             spec,
-            env=env,
+            env=device_env(env, plan.devices),  # a preset's devices: *_VISIBLE_DEVICES
             log_path=settings.logs_dir / log_name,
             stall_timeout=settings.load_timeout,
             on_exit=on_exit,
+            health_interval=settings.health_interval,  # the hung-child watchdog (runner.health)
             ring_lines=500,  # enough to hold the buffer-size lines read for the model's real memory
         )
         await process.start()
@@ -103,10 +114,12 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
 
 def make_peers(settings: Settings) -> Peers:
     """The aggregation's peers (``aggregation.peers``) with their own HTTP session and the peer key
-    (``aggregation.api_key``, else the first of ``auth.api_keys``)."""
+    (``aggregation.api_key``, else the first of ``auth.api_keys``); ``https://`` peers are verified against
+    the system CAs plus ``tls.ca_file``."""
     addresses = parse_peers(settings.peers)
     key = settings.api_key or next((k.strip() for k in settings.api_keys.split(",") if k.strip()), "")
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+    connector = aiohttp.TCPConnector(limit=0, ssl=client_context(settings.ca_file))
+    session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
     if addresses:
         log.info("aggregation peers: %s", ", ".join(a.netloc for a in addresses))
     return Peers(session, addresses, api_key=key)
@@ -145,7 +158,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         auto_decompress=False,
     )
     gateway = Gateway(store, scheduler, session, context_length=settings.context_length,
-                      aliases=settings.aliases, num_parallel=settings.num_parallel)
+                      aliases=settings.aliases, num_parallel=settings.num_parallel, presets=settings.presets)
     puller = Puller(store, CredentialStore(default_credentials_path()), offline=settings.offline)
     gateway.puller = puller  # models missing from the store are pulled on first use
     peers = make_peers(settings)
@@ -162,19 +175,23 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         log_level="debug" if settings.debug else "warning",
         timeout_graceful_shutdown=int(min(max(1.0, settings.shutdown_grace), 86400.0)),
         timeout_keep_alive=30,
+        ssl_certfile=settings.cert_file or None,
+        ssl_keyfile=settings.key_file or None,
     )
     server = _Server(config)
     log.info("llmman %s using %s, store %s", _version(), binary, settings.models)
     log.info("listening on %s", settings.host.client_url())
-    preload_task = asyncio.create_task(_preload(gateway, preload)) if preload else None
+    preloads = [preload] if preload else []
+    preloads += [ref for ref, preset in settings.presets.items() if preset.preload and ref not in preloads]
+    preload_tasks = [asyncio.create_task(_preload(gateway, name)) for name in preloads]
     try:
         await server.serve()
     finally:
         log.info("shutting down: stopping every llama-server")
-        if preload_task is not None:
-            preload_task.cancel()
+        for task in preload_tasks:
+            task.cancel()
             with contextlib.suppress(BaseException):
-                await preload_task
+                await task
         await scheduler.close()
         await session.close()
         await peers.close()
@@ -198,6 +215,9 @@ def serve(settings: Settings, preload: str | None = None) -> int:
     if not settings.host.is_loopback() and not settings.api_keys.strip() and settings.enforce:
         raise LlmmanError(f"refusing to serve on {settings.host} without API keys: set auth.api_keys "
                           "(LLMMAN_API_KEYS), or LLMMAN_AUTH=off on a network you trust")
+    check_server_tls(settings.host.scheme, settings.cert_file, settings.key_file)
+    if settings.ca_file and not os.environ.get("LLMMAN_TLS_CA"):
+        os.environ["LLMMAN_TLS_CA"] = settings.ca_file  # registry pulls and peer copies read it there
     try:
         import uvloop
 

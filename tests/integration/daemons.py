@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -68,8 +69,12 @@ def _is_llama(proc: psutil.Process) -> bool:
 
 
 def start_daemon(tmp: Path, *, extra_env: Mapping[str, str] | None = None, host: str = "127.0.0.1",
-                 args: list[str] | None = None, ready_timeout: float = 60.0) -> Daemon:
+                 args: list[str] | None = None, ready_timeout: float = 60.0,
+                 port: int | None = None) -> Daemon:
     """Start ``python -m llmman serve`` with an isolated HOME/store; return once ``/api/version`` answers.
+
+    With ``LLMMAN_TLS_CERT`` in ``extra_env`` the daemon serves ``https://`` (its ``LLMMAN_TLS_CA``, when
+    given, verifies the readiness check).
 
     Raises:
         RuntimeError: the daemon exited or did not answer in time (its log is in the message).
@@ -77,7 +82,7 @@ def start_daemon(tmp: Path, *, extra_env: Mapping[str, str] | None = None, host:
     home = tmp / "home"
     home.mkdir(parents=True, exist_ok=True)
     store = tmp / "store"
-    port = free_port(host)
+    port = port or free_port(host)  # a caller may pick it first, so two daemons can name each other
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMMAN_", "OLLAMA_"))}
     env.update(
         HOME=str(home),
@@ -89,19 +94,26 @@ def start_daemon(tmp: Path, *, extra_env: Mapping[str, str] | None = None, host:
         PYTHONUNBUFFERED="1",
     )
     env.update(extra_env or {})
+    scheme = "https" if env.get("LLMMAN_TLS_CERT") else "http"
+    if scheme == "https":
+        env["LLMMAN_HOST"] = f"https://{host}:{port}"
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=env["LLMMAN_TLS_CA"]) \
+        if env.get("LLMMAN_TLS_CA") else True
     log = tmp / "daemon.log"
     with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "llmman", "serve", *(args or [])],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp,
         )
-    daemon = Daemon(process=process, url=f"http://{host}:{port}", home=home, store=store, log=log, env=env)
+    daemon = Daemon(process=process, url=f"{scheme}://{host}:{port}", home=home, store=store, log=log,
+                    env=env)
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"llmman serve exited with {process.returncode}:\n{daemon.log_text()}")
         try:
-            if httpx.get(daemon.url + "/api/version", timeout=1.0).status_code == 200:
+            answer = httpx.get(daemon.url + "/api/version", timeout=1.0, verify=verify)
+            if answer.status_code == 200:
                 return daemon
         except httpx.TransportError:
             pass

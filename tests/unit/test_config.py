@@ -137,6 +137,7 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_LOAD_TIMEOUT": "1h30m",
         "LLMMAN_LLAMA_SERVER": "/opt/llama/bin/llama-server",
         "LLMMAN_SHUTDOWN_GRACE": "500ms",
+        "LLMMAN_HEALTH_INTERVAL": "2s",
         "LLMMAN_DEBUG": "yes",
         "LLMMAN_MEMORY": "24GB",
         "LLMMAN_MEMORY_RESERVE": "512MiB",
@@ -147,6 +148,9 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_API_KEYS": "k1,k2",
         "LLMMAN_API_KEY": "k2",
         "LLMMAN_AUTH": "off",
+        "LLMMAN_TLS_CERT": "/c.pem",
+        "LLMMAN_TLS_KEY": "/k.pem",
+        "LLMMAN_TLS_CA": "/ca.pem",
     }
     s = load(files, env)
     assert s.host == HostAddress("https", "example.com", 443)
@@ -154,12 +158,13 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
     assert (s.keep_alive, s.num_parallel, s.context_length) == (300.0, 8, 256)
     assert (s.max_loaded_models, s.max_queue, s.load_timeout) == (2, 1, 5400.0)
     assert s.llama_server == "/opt/llama/bin/llama-server"
-    assert s.shutdown_grace == 0.5
+    assert (s.shutdown_grace, s.health_interval) == (0.5, 2.0)
     assert s.debug is True
     assert (s.memory, s.reserve) == (24 * 10**9, 512 * 2**20)
     assert s.offline is True
     assert s.allowed_origins == "chrome-extension://*"
     assert (s.peers, s.api_key, s.api_keys, s.enforce) == ("", "pk", "k1,k2", False)
+    assert (s.cert_file, s.key_file, s.ca_file) == ("/c.pem", "/k.pem", "/ca.pem")
     assert {origin for key, origin in s.origins.items()} == {f"env {spec.env}" for spec in SETTINGS}
 
 

@@ -19,7 +19,7 @@ import queue
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
@@ -33,6 +33,9 @@ from llmman.refs import parse_reference
 from llmman.registry.puller import Emit, Puller
 from llmman.registry.push import push as push_model
 from llmman.store.layout import digest_hex
+
+if TYPE_CHECKING:
+    from llmman.store import Store
 
 Job = Callable[[Emit], object]
 _END = object()
@@ -135,20 +138,54 @@ async def blob_upload(request: Request) -> Response:
 
         services.store.write_blob(source(), digest)
 
+    def feed(chunk: bytes | None) -> None:
+        """Hand ``chunk`` to the writer; gives up once the writer has stopped (a full disk, say), which
+        would otherwise leave this put blocked on a queue nobody reads."""
+        while not writer.done():
+            with contextlib.suppress(queue.Full):
+                chunks.put(chunk, timeout=0.5)
+                return
+
     writer = asyncio.create_task(asyncio.to_thread(consume))
     try:
         async for chunk in request.stream():
             if chunk:
-                await asyncio.to_thread(chunks.put, chunk)
-        await asyncio.to_thread(chunks.put, None)
+                await asyncio.to_thread(feed, chunk)
+            if writer.done():
+                break
+        await asyncio.to_thread(feed, None)
         await writer
     except LlmmanError as exc:
         raise BadRequest(exc.message) from exc
     finally:
-        if not writer.done():
+        if not writer.done():  # the client went away: end the stream so the writer drops its temp file
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    chunks.get_nowait()
             with contextlib.suppress(queue.Full):
                 chunks.put_nowait(None)
     return Response(status_code=201)
+
+
+def _create_files(store: Store, files: dict[str, object]) -> dict[str, Path]:
+    """``files`` of ``/api/create`` checked before anything streams: plain file names (400 otherwise) mapped
+    to the paths of uploaded blobs (``sha256:<hex>`` or ``sha256-<hex>``; 400 when malformed, 404 when
+    not uploaded)."""
+    paths: dict[str, Path] = {}
+    for name, digest in files.items():
+        if not name or name in (".", "..") or Path(name).name != name:
+            raise BadRequest(f"invalid file name {name!r} in 'files'")
+        if not isinstance(digest, str):
+            raise BadRequest(f"invalid digest for {name!r} in 'files'")
+        digest = digest.replace("sha256-", "sha256:", 1)
+        try:
+            path = store.blob_path(digest)
+        except LlmmanError as exc:
+            raise BadRequest(exc.message) from exc
+        if not path.is_file():
+            raise NotFound(f"blob {digest} not found: upload it with POST /api/blobs/{digest}")
+        paths[name] = path
+    return paths
 
 
 async def create(request: Request) -> Response:
@@ -162,15 +199,14 @@ async def create(request: Request) -> Response:
     source, files = body.get("from"), body.get("files")
     store = services.store
 
+    blobs = _create_files(store, files) if isinstance(files, dict) and files else None
+
     def job(emit: Emit) -> None:
         emit({"status": "parsing model"})
-        if isinstance(files, dict) and files:
+        if blobs:
             with tempfile.TemporaryDirectory(prefix="llmman-create-") as tmp:
-                for name, digest in files.items():
-                    path = store.blob_path(str(digest))
-                    if not path.exists():
-                        raise NotFound(f"blob {digest} not found: upload it with POST /api/blobs/{digest}")
-                    (Path(tmp) / Path(str(name)).name).symlink_to(path)
+                for name, path in blobs.items():
+                    (Path(tmp) / name).symlink_to(path)
                 store.build(ref, Path(tmp))
         elif isinstance(source, str) and source.startswith("/"):
             if not Path(source).exists():

@@ -2,7 +2,8 @@
 
 It is built on the stdlib ``http.client`` rather than httpx: ``llmman ps`` must start fast, and httpx
 costs ~100 ms to import plus ~40 ms to build a client (it loads the CA bundle) against ~25 ms for
-``http.client``. One connection per request; ``https://`` daemons get a default verifying TLS context.
+``http.client``. One connection per request; ``https://`` daemons are verified against the system CAs plus
+``tls.ca_file`` (``LLMMAN_TLS_CA``).
 Management calls have a finite timeout; ``chat_stream`` has none once connected (a model may take
 minutes to load and to answer). Errors come back as :class:`LlmmanError` carrying the daemon's
 ``{"error": "..."}`` text and HTTP status; when nothing answers at all the error is
@@ -50,14 +51,17 @@ def client_key(settings: Settings) -> str:
 
 def client_for(settings: Settings, *, timeout: float = _TIMEOUT) -> DaemonClient:
     """A client of the daemon at ``settings.host`` presenting :func:`client_key`."""
-    return DaemonClient(settings.host.client_url(), timeout=timeout, api_key=client_key(settings))
+    return DaemonClient(settings.host.client_url(), timeout=timeout, api_key=client_key(settings),
+                        ca_file=settings.ca_file)
 
 
 class DaemonClient:
     """Blocking client of one daemon at ``base_url`` (e.g. ``http://127.0.0.1:17434``)."""
 
-    def __init__(self, base_url: str, *, timeout: float = _TIMEOUT, api_key: str = "") -> None:
+    def __init__(self, base_url: str, *, timeout: float = _TIMEOUT, api_key: str = "",
+                 ca_file: str = "") -> None:
         self.base_url = base_url.rstrip("/")
+        self.ca_file = ca_file  # extra PEM CAs for an https:// daemon (tls.ca_file)
         self.timeout = timeout
         self.api_key = api_key
         parts = urlsplit(self.base_url)
@@ -80,10 +84,10 @@ class DaemonClient:
         """A connected connection. Raises :class:`DaemonUnreachable` when nothing accepts it."""
         conn: http.client.HTTPConnection
         if self._https:
-            import ssl
+            from llmman.tls import client_context
 
             conn = http.client.HTTPSConnection(
-                self._host, self._port, timeout=connect_timeout, context=ssl.create_default_context()
+                self._host, self._port, timeout=connect_timeout, context=client_context(self.ca_file)
             )
         else:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=connect_timeout)

@@ -156,13 +156,22 @@ def _password(args: argparse.Namespace) -> str:
     return getpass.getpass("Password: ")
 
 
+def _server(text: str | None) -> str:
+    """The registry a ``login``/``logout`` SERVER names, written as Docker accepts it too: ``host[:port]``,
+    or a URL such as ``https://index.docker.io/v1/`` (scheme and path dropped); default docker.io."""
+    if not text:
+        return "docker.io"
+    host = text.split("://", 1)[-1].split("/", 1)[0]
+    return parse_reference(f"{host}/x/y").registry
+
+
 def cmd_login(args: argparse.Namespace, settings: Settings) -> int:
     """``llmman login [SERVER] [-u USER] [-p PASS | --password-stdin] [--insecure]``: check the
     credentials against the registry, then store them (Hugging Face: the token file)."""
     from llmman.registry.client import RegistryClient
     from llmman.registry.credentials import Credential, CredentialStore, default_credentials_path
 
-    server = parse_reference(f"{args.server}/x/y").registry if args.server else "docker.io"
+    server = _server(args.server)
     if server == HF_REGISTRY:
         token = _password(args)
         path = _hf_token_path()
@@ -191,7 +200,7 @@ def cmd_logout(args: argparse.Namespace, settings: Settings) -> int:
     """``llmman logout [SERVER]``."""
     from llmman.registry.credentials import CredentialStore, default_credentials_path
 
-    server = parse_reference(f"{args.server}/x/y").registry if args.server else "docker.io"
+    server = _server(args.server)
     if server == HF_REGISTRY:
         _hf_token_path().unlink(missing_ok=True)
     elif not CredentialStore(default_credentials_path()).remove(server):

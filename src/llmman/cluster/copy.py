@@ -32,6 +32,20 @@ class PullSource:
 PULL_SOURCE: ContextVar[PullSource | None] = ContextVar("llmman_pull_source", default=None)
 
 
+class _PeerRegistry(RegistryClient):
+    """A peer's ``/v2/`` with the peer key on every request, blob downloads included (they go through
+    :meth:`auth_headers`, not the httpx client's default headers)."""
+
+    def __init__(self, address: HostAddress, api_key: str) -> None:
+        super().__init__(address.netloc, insecure=address.scheme == "http")
+        self._peer_key = api_key
+
+    def _auth_headers(self, scope: str) -> dict[str, str]:
+        if self._peer_key:
+            return {"Authorization": f"Bearer {self._peer_key}"}
+        return super()._auth_headers(scope)
+
+
 def copy_from_peer(puller: Puller, ref: Reference, source: PullSource) -> StoredModel:
     """Pull ``ref`` from ``source``'s ``/v2/`` into this node's store (blocking; run it in a thread).
 
@@ -39,9 +53,7 @@ def copy_from_peer(puller: Puller, ref: Reference, source: PullSource) -> Stored
         LlmmanError (RegistryError and kin): the peer does not have it or failed.
     """
     address = source.address
-    client = RegistryClient(address.netloc, insecure=address.scheme == "http")
-    if source.api_key:
-        client.http.headers["Authorization"] = f"Bearer {source.api_key}"
+    client = _PeerRegistry(address, source.api_key)
     try:
         log.info("copying %s from peer %s", ref, address.netloc)
         return puller.pull_via(ref, client)

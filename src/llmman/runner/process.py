@@ -27,6 +27,7 @@ from llmman.errors import LoadTimeout, RunnerError
 from llmman.runner.argv import LaunchSpec, build_argv
 from llmman.runner.binary import free_port
 from llmman.runner.crash import Cause, classify
+from llmman.runner.health import WatchdogPolicy, watch
 from llmman.runner.logs import ChildLog
 from llmman.runner.orphans import die_with_parent_hook
 
@@ -74,6 +75,11 @@ class LlamaServerProcess:
         ring_lines: how many recent output lines to keep in memory.
         on_exit: called once, synchronously, when the child dies while READY (never for ``stop()``).
         poll_interval: seconds between ``GET /health`` polls while loading.
+        health_interval: seconds between ``GET /health`` probes while READY (runner.health); 0 = no
+            watchdog. After ``health_failures`` unanswered probes in a row the child counts as hung: its
+            process group is SIGKILLed and it dies like a crash (``on_exit``, ``exit_cause`` HUNG,
+            ``exit_detail`` ``hung (no /health answer for X s)``).
+        health_failures: consecutive unanswered probes that mean hung.
 
     One instance runs one child once: to restart, make a new instance.
     """
@@ -91,6 +97,8 @@ class LlamaServerProcess:
         ring_lines: int = 100,
         on_exit: Callable[[LlamaServerProcess], None] | None = None,
         poll_interval: float = 0.1,
+        health_interval: float = 0.0,
+        health_failures: int = 3,
     ) -> None:
         self.binary = binary
         self.spec = spec
@@ -100,6 +108,9 @@ class LlamaServerProcess:
         self._stall_timeout = stall_timeout
         self._on_exit = on_exit
         self._poll_interval = poll_interval
+        self._watchdog = WatchdogPolicy(health_interval, health_failures)
+        self._health_task: asyncio.Task[None] | None = None
+        self._hung_reason: str | None = None
         self._log = ChildLog(log_path, ring_lines=ring_lines)
         self._state = RunnerState.STOPPED
         self._child: _Child | None = None
@@ -113,6 +124,7 @@ class LlamaServerProcess:
         self.spawned = asyncio.Event()  # set once a child exists (pid known)
         self.exited = asyncio.Event()  # set once the final child has exited and been reaped
         self.exit_cause: Cause | None = None  # why the child died on its own (runner.crash), else None
+        self.exit_detail: str | None = None  # a fuller cause where known (``hung (no /health answer ...)``)
 
     # ----------------------------------------------------------------------------------- properties
     @property
@@ -182,6 +194,10 @@ class LlamaServerProcess:
         self._state = RunnerState.READY
         self.ready_at = time.time()
         self._log.note(f"ready on {self.base_url}")
+        child = self._child
+        if self._watchdog.enabled and child is not None:
+            self._health_task = asyncio.create_task(
+                watch(self.base_url, self._watchdog, lambda reason: self._hung(child, reason)))
 
     async def _start_attempts(self) -> None:
         for attempt in (1, 2):
@@ -308,6 +324,7 @@ class LlamaServerProcess:
     async def _watch(self, child: _Child, drains: list[asyncio.Task[None]]) -> None:
         """Await the child's exit; report a death while READY at once."""
         code = await child.proc.wait()
+        self._cancel_health()
         self._signal_group(child, signal.SIGKILL)  # anything left in its process group
         _, pending = await asyncio.wait(drains, timeout=_DRAIN_GRACE)
         for task in pending:  # a process outside the group holds the pipe: stop reading it
@@ -316,11 +333,14 @@ class LlamaServerProcess:
         if child is not self._child or self._state is not RunnerState.READY:
             return  # start() or stop() reports this exit
         self._state = RunnerState.FAILED
-        self.exit_cause = classify(self._own_lines(child), code)
+        if self._hung_reason is not None:
+            self.exit_cause, self.exit_detail = Cause.HUNG, self._hung_reason
+        else:
+            self.exit_cause = classify(self._own_lines(child), code)
         tail = self._log.tail(_EXIT_TAIL_LINES)
         logger.warning(
             "llama-server for %s (pid %d) exited with code %d while serving (%s); last lines:\n%s",
-            self.spec.alias, child.proc.pid, code, self.exit_cause.value, "\n".join(tail),
+            self.spec.alias, child.proc.pid, code, self.exit_detail or self.exit_cause.value, "\n".join(tail),
         )  # fmt: skip
         self._log.note(f"exited with code {code} while serving")
         self._log.close()
@@ -330,6 +350,20 @@ class LlamaServerProcess:
                 self._on_exit(self)
             except Exception:
                 logger.exception("on_exit callback for %s failed", self.spec.alias)
+
+    def _hung(self, child: _Child, reason: str) -> None:
+        """The watchdog gave up on ``child``: SIGKILL its group; :meth:`_watch` reports the exit."""
+        if child is not self._child or self._state is not RunnerState.READY:
+            return
+        self._hung_reason = reason
+        logger.warning("llama-server for %s (pid %d) is %s: killing it", self.spec.alias, child.proc.pid,
+                       reason)
+        self._log.note(f"{reason}: SIGKILL")
+        self._signal_group(child, signal.SIGKILL)
+
+    def _cancel_health(self) -> None:
+        if self._health_task is not None and self._health_task is not asyncio.current_task():
+            self._health_task.cancel()
 
     def _signal_group(self, child: _Child, sig: signal.Signals) -> None:
         try:
@@ -362,6 +396,7 @@ class LlamaServerProcess:
     async def _stop(self, grace: float) -> None:
         async with self._spawn_lock:  # no spawn can be half done while we look at the child
             self._stop_requested = True
+        self._cancel_health()
         child = self._child
         if child is not None:
             self._state = RunnerState.STOPPING
