@@ -1,11 +1,15 @@
 # The two commands of the README. Each does all of its own set-up (scripts/setup.sh) and is idempotent.
-.PHONY: serve test lint unit bench setup
+.PHONY: serve test lint unit bench setup setup-test
 
 VENV := .venv
 BIN := $(VENV)/bin
 
 setup:
 	@scripts/setup.sh --model >/dev/null
+
+# The tests also want Gemma 3 270M and (as root) Debian's docker-registry for the registry tests.
+setup-test:
+	@scripts/setup.sh --test >/dev/null
 
 # The main job: a daemon serving SmolLM2-135M-Instruct as smollm2:135m, in the foreground.
 serve: setup
@@ -14,7 +18,7 @@ serve: setup
 	$(BIN)/llmman serve
 
 # Every test tier plus the linters and mypy; .ci/run calls exactly this.
-test: setup lint
+test: setup-test lint
 	LLMMAN_TEST_MODEL=$$HOME/.cache/llmman/models/SmolLM2-135M-Instruct.Q4_1.gguf \
 	  $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
@@ -23,9 +27,9 @@ lint:
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-unit: setup
+unit: setup-test
 	$(BIN)/python -m pytest -q tests/unit
 
-bench: setup
+bench: setup-test
 	LLMMAN_TEST_MODEL=$$HOME/.cache/llmman/models/SmolLM2-135M-Instruct.Q4_1.gguf \
 	  $(BIN)/python bench/bench_proxy.py

