@@ -9,16 +9,15 @@ gets one SSE ``data: {"error": ...}`` event, as llama-server itself reports late
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from llmman.api.cancel import unless_disconnected
+from llmman.api.passthrough import relay
 from llmman.api.services import Services
 from llmman.errors import LlmmanError, ModelNotFound
-from llmman.gateway import UpstreamExchange
 from llmman.protocol.framing import sse
 from llmman.protocol.openai import models_list, openai_error, peek_model
 
@@ -47,23 +46,12 @@ async def _proxy(request: Request, path: str) -> Response:
     # A client that goes away stops the wait (a non-streamed answer arrives only when it is complete).
     opening = services.gateway.open(model, path, raw, content_type=content_type)
     exchange = await unless_disconnected(request, opening)
-    if body.get("stream") is True and exchange.status == 200:
-        return StreamingResponse(
-            _passthrough(exchange), status_code=exchange.status, headers=exchange.headers
-        )
-    data = await unless_disconnected(request, exchange.read())
-    return Response(data, status_code=exchange.status, headers=exchange.headers)
+    return await relay(request, exchange, stream=body.get("stream") is True, error_event=_error_event)
 
 
-async def _passthrough(exchange: UpstreamExchange) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in exchange.chunks():
-            yield chunk
-    except LlmmanError as exc:
-        log.warning("stream for %s ended with an error: %s", exchange.lease.reference, exc.message)
-        yield sse(openai_error(exc.message, status=exc.status, code=exc.code))
-    finally:
-        exchange.close()
+def _error_event(exc: LlmmanError) -> bytes:
+    """A mid-stream failure as llama-server reports one: ``data: {"error": {...}}``."""
+    return sse(openai_error(exc.message, status=exc.status, code=exc.code))
 
 
 async def models(request: Request) -> Response:

@@ -9,16 +9,15 @@ one ``event: error`` ends it.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from llmman.api.cancel import unless_disconnected
+from llmman.api.passthrough import relay
 from llmman.api.services import Services
 from llmman.errors import LlmmanError, ModelNotFound
-from llmman.gateway import UpstreamExchange
 from llmman.protocol.framing import sse
 from llmman.protocol.responses import clean_request
 
@@ -43,18 +42,9 @@ async def _forward(request: Request, path: str) -> Response:
     except ModelNotFound as exc:
         raise LlmmanError(f"model '{name}' not found", status=404, code="model_not_found") from exc
     exchange = await unless_disconnected(request, services.gateway.open(model, path, orjson.dumps(body)))
-    if body.get("stream") is True and exchange.status == 200:
-        return StreamingResponse(_passthrough(exchange), status_code=200, headers=exchange.headers)
-    data = await unless_disconnected(request, exchange.read())
-    return Response(data, status_code=exchange.status, headers=exchange.headers)
+    return await relay(request, exchange, stream=body.get("stream") is True, error_event=_error_event)
 
 
-async def _passthrough(exchange: UpstreamExchange) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in exchange.chunks():
-            yield chunk
-    except LlmmanError as exc:
-        log.warning("stream for %s ended with an error: %s", exchange.lease.reference, exc.message)
-        yield sse({"type": "error", "code": exc.code, "message": exc.message, "param": None}, event="error")
-    finally:
-        exchange.close()
+def _error_event(exc: LlmmanError) -> bytes:
+    """A mid-stream failure as a Responses ``event: error``."""
+    return sse({"type": "error", "code": exc.code, "message": exc.message, "param": None}, event="error")

@@ -28,6 +28,7 @@ from llmman.errors import LlmmanError
 from llmman.refs import Reference
 from llmman.registry.credentials import Credential, CredentialStore
 from llmman.store import mediatypes as mt
+from llmman.tls import client_context
 
 MANIFEST_ACCEPT = ", ".join([mt.OCI_MANIFEST, mt.OCI_INDEX, mt.DOCKER_MANIFEST, mt.DOCKER_MANIFEST_LIST])
 CONNECT_TIMEOUT_S = 10.0
@@ -70,15 +71,9 @@ def insecure_hosts() -> set[str]:
 
 
 def ssl_context() -> ssl.SSLContext:
-    """System CAs plus the PEM bundle in ``LLMMAN_TLS_CA`` when set. Raises LlmmanError if unreadable."""
-    ctx = ssl.create_default_context()
-    ca = os.environ.get("LLMMAN_TLS_CA")
-    if ca:
-        try:
-            ctx.load_verify_locations(cafile=ca)
-        except (OSError, ssl.SSLError) as exc:
-            raise LlmmanError(f"LLMMAN_TLS_CA={ca}: cannot load CA certificates: {exc}") from exc
-    return ctx
+    """System CAs plus the PEM bundle in ``LLMMAN_TLS_CA`` when set (:func:`llmman.tls.client_context`).
+    Raises ConfigError if unreadable."""
+    return client_context(os.environ.get("LLMMAN_TLS_CA", ""))
 
 
 def api_host(registry: str) -> str:

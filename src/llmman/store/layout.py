@@ -256,14 +256,7 @@ class Layout:
                 raise StoreError(f"blob size mismatch: expected {expected_size} bytes, got {n}")
             if expected_digest is not None and digest != expected_digest:
                 raise StoreError(f"blob digest mismatch: expected {expected_digest}, got {digest}")
-            with self.lock():  # pin and publish atomically with respect to gc
-                self.pin(digest)
-                final = self.blob_path(digest)
-                if final.exists():
-                    os.unlink(tmp)
-                else:
-                    os.replace(tmp, final)
-                    _fsync_dir(self.blobs)
+            self.publish_file(Path(tmp), digest)  # pinned and published atomically with respect to gc
             return digest
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
