@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from llmman.refs import parse_reference
-from llmman.store import Store
 from tests.integration.conftest import MODEL_NAME, model_file
-from tests.integration.daemons import Daemon, start_daemon
+from tests.integration.daemons import Daemon, model_daemon, start_daemon
 
 __all__ = ["base_url", "daemon", "front", "model_file"]
 
@@ -29,12 +27,9 @@ MODES = ("local", "hop")
 @pytest.fixture(scope="session")
 def daemon(tmp_path_factory: pytest.TempPathFactory, model_file: Path) -> Iterator[Daemon]:
     """One real daemon with smollm2:135m in its store, shared by the whole conformance session."""
-    tmp = tmp_path_factory.mktemp("daemon")
-    Store(tmp / "store").build(parse_reference(MODEL_NAME), model_file)
-    d = start_daemon(tmp, extra_env={"LLMMAN_NUM_PARALLEL": "4"})
-    yield d
-    if d.process.poll() is None:
-        d.stop(signal.SIGTERM)
+    with model_daemon(tmp_path_factory.mktemp("daemon"), model_file, MODEL_NAME,
+                      extra_env={"LLMMAN_NUM_PARALLEL": "4"}) as d:
+        yield d
 
 
 @pytest.fixture(scope="session")

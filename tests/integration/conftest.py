@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from llmman.refs import parse_reference
-from llmman.store import Store
-from tests.integration.daemons import Daemon, start_daemon
+from tests.integration.daemons import Daemon, model_daemon
 
 MODEL_NAME = "smollm2:135m"
 MODEL_REF = "docker.io/ai/smollm2:135m"
@@ -48,9 +45,6 @@ def model_file() -> Path:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, model_file: Path) -> Iterator[Daemon]:
     """One real daemon with smollm2:135m in its store, shared by a test module."""
-    tmp = tmp_path_factory.mktemp("daemon")
-    Store(tmp / "store").build(parse_reference(MODEL_NAME), model_file)
-    d = start_daemon(tmp, extra_env={"LLMMAN_NUM_PARALLEL": "4"})
-    yield d
-    if d.process.poll() is None:
-        d.stop(signal.SIGTERM)
+    with model_daemon(tmp_path_factory.mktemp("daemon"), model_file, MODEL_NAME,
+                      extra_env={"LLMMAN_NUM_PARALLEL": "4"}) as d:
+        yield d

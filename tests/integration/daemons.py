@@ -6,6 +6,7 @@ files and can run several daemons side by side.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -13,7 +14,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,3 +121,19 @@ def start_daemon(tmp: Path, *, extra_env: Mapping[str, str] | None = None, host:
         time.sleep(0.05)  # polling for readiness of a subprocess; the event is the port answering
     process.kill()
     raise RuntimeError(f"llmman serve did not answer within {ready_timeout}s:\n{daemon.log_text()}")
+
+
+@contextlib.contextmanager
+def model_daemon(tmp: Path, model_file: Path, name: str = "smollm2:135m",
+                 extra_env: Mapping[str, str] | None = None) -> Iterator[Daemon]:
+    """A daemon with ``model_file`` built into its store as ``name``; stopped (SIGTERM) on exit."""
+    from llmman.refs import parse_reference
+    from llmman.store import Store
+
+    Store(tmp / "store").build(parse_reference(name), model_file)
+    d = start_daemon(tmp, extra_env=extra_env)
+    try:
+        yield d
+    finally:
+        if d.process.poll() is None:
+            d.stop(signal.SIGTERM)
