@@ -491,6 +491,7 @@ class Scheduler:
             self._table.pop(entry.plan.key, None)
         try:
             if entry.runner is not None:
+                log.info("unloading %s", entry.plan.key)
                 await entry.runner.stop(self._stop_grace)
         finally:
             self._notify()
