@@ -4,9 +4,10 @@ Usage: ``.venv/bin/python bench/bench_pull.py [--rounds N]``. Starts Debian's ``
 loopback port, pushes Gemma 3 270M (``~/.cache/llmman/models/gemma-3-270m-q4_k_m.gguf``, 253 MB; else
 SmolLM2) as a ModelPack artifact, then per round: pulls it into a fresh store with the Puller (verified,
 fsynced, renamed into the store), and fetches the same blobs with ``curl -o`` into a temp folder (no
-verification). Prints best-of-N throughput of each, their ratio (target >= 0.9) and llmman's CPU seconds
-per GB (process CPU time during the pull). ``sync`` runs before each timed part so neither pays for the
-other's dirty pages.
+verification). Prints each round's throughputs and their ratio (the two run back to back, so they share
+whatever else the machine is doing), the best-of-N of each, their ratio (target >= 0.9), the median of
+the per-round ratios, and llmman's CPU seconds per GB (process CPU time during the pull, all threads).
+``sync`` runs before each timed part so neither pays for the other's dirty pages.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from llmman.store import Store  # noqa: E402
 MODELS = Path.home() / ".cache" / "llmman" / "models"
 
 
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+def _cpu(who: int = resource.RUSAGE_SELF) -> float:
+    usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
 
 
@@ -60,30 +61,38 @@ def main() -> int:
         digests = [d["digest"] for d in stored.manifest["layers"]] + [stored.manifest["config"]["digest"]]
         total = sum(d["size"] for d in stored.manifest["layers"]) + stored.manifest["config"]["size"]
         best_pull, best_curl, cpu_per_gb = 0.0, 0.0, 0.0
+        ratios: list[float] = []
         for i in range(args.rounds):
             dst = Store(tmp / f"dst{i}")
             os.sync()  # each side starts with no dirty pages left by the other (writeback throttling)
             cpu0, t0 = _cpu(), time.perf_counter()
             Puller(dst).pull(ref)
             elapsed, cpu = time.perf_counter() - t0, _cpu() - cpu0
+            pull_rate = total / elapsed
             if total / elapsed > best_pull:
                 best_pull, cpu_per_gb = total / elapsed, cpu / (total / 1e9)
             shutil.rmtree(dst.root)
             out = tmp / f"curl{i}"
             out.mkdir()
             os.sync()
-            t0 = time.perf_counter()
+            t0, child0 = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN)
             procs = [subprocess.Popen(["curl", "-sf", "-o", str(out / d.split(":")[1]),
                                        f"http://{reg.host}/v2/bench/model/blobs/{d}"]) for d in digests]
             if any(p.wait() for p in procs):
                 raise RuntimeError("curl failed")
-            best_curl = max(best_curl, total / (time.perf_counter() - t0))
+            curl_rate = total / (time.perf_counter() - t0)
+            curl_cpu = (_cpu(resource.RUSAGE_CHILDREN) - child0) / (total / 1e9)
+            best_curl = max(best_curl, curl_rate)
             shutil.rmtree(out)
+            ratios.append(pull_rate / curl_rate)
+            print(f"round {i + 1}: llmman {pull_rate / 1e6:.0f} MB/s ({cpu / (total / 1e9):.2f} CPU s/GB), "
+                  f"curl {curl_rate / 1e6:.0f} MB/s ({curl_cpu:.2f} CPU s/GB), ratio {ratios[-1]:.2f}")
         print(f"model: {model.name} ({total / 1e6:.0f} MB), best of {args.rounds}")
         print(f"{'':12}{'MB/s':>10}")
         print(f"{'llmman pull':12}{best_pull / 1e6:>10.0f}")
         print(f"{'curl':12}{best_curl / 1e6:>10.0f}")
-        print(f"ratio llmman/curl: {best_pull / best_curl:.2f} (target >= 0.9)")
+        print(f"ratio llmman/curl: {best_pull / best_curl:.2f} (target >= 0.9); median of the rounds' "
+              f"ratios: {sorted(ratios)[len(ratios) // 2]:.2f}")
         print(f"llmman CPU: {cpu_per_gb:.2f} s per GB")
     finally:
         reg.stop()

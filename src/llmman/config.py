@@ -81,6 +81,7 @@ class Settings:
     key_file: str = ""
     ca_file: str = ""
     health_interval: float = 10.0
+    restart_backoff: float = 1.0
     aliases: dict[str, str] = field(default_factory=dict)
     presets: dict[str, Preset] = field(default_factory=dict)  # [models."REF"], by full reference
     origins: dict[str, str] = field(default_factory=dict)

@@ -148,6 +148,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         capacity=node.capacity,
         max_loaded=settings.max_loaded_models,
         max_queue=settings.max_queue,
+        heal_base=settings.restart_backoff,
     )
     # llama-server closes a connection after each streamed answer while announcing keep-alive, so a
     # pooled connection can be dead when reused: one fresh loopback connection per request instead.

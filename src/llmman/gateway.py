@@ -229,8 +229,9 @@ class Gateway:
         :meth:`Scheduler.acquire`)."""
         plan = self.plan(model, num_ctx, embedding=embedding)
         preset = self._presets.get(model.stored.reference)
-        if keep_alive is None and preset is not None and preset.keep_alive is not None:
-            keep_alive = preset.keep_alive  # the preset's default for this model; a request's own wins
+        if keep_alive is None and preset is not None and preset.keep_alive is not None and not preset.preload:
+            # The preset's default for this model; a request's own wins. A preloaded model stays pinned.
+            keep_alive = preset.keep_alive
         return await self.scheduler.acquire(plan, keep_alive=keep_alive)
 
     async def open(

@@ -13,6 +13,9 @@ The rules (SPEC B, and the existing llmman's ``shortnames.rs``, reference/llmman
    ``hf.co``; registry hosts are lowercased.
 6. A tag is a ``:`` after the last ``/`` (a registry port is never a tag); no tag means ``latest``.
    ``@sha256:<64 hex>`` (or ``@sha512:<128 hex>``) pins a digest.
+7. ``registry/repository`` is at most :data:`MAX_NAME_LENGTH` characters (the limit of Docker's
+   ``distribution/reference`` grammar), a tag at most 128 (OCI distribution-spec 1.1); longer text is
+   refused before any other rule runs, and error messages quote at most :data:`_QUOTE` characters of it.
 
 Repository and tag keep the case the user typed (Hugging Face repositories are mixed case); use
 :meth:`Reference.key` to compare names case-insensitively, as Ollama matches installed models.
@@ -29,6 +32,9 @@ from llmman.errors import InvalidReference
 __all__ = ["DEFAULT_TAG", "DOCKER_AI_NAMESPACE", "HF_REGISTRY", "Reference", "parse_reference"]
 
 DEFAULT_TAG = "latest"
+MAX_NAME_LENGTH = 255  # registry/repository
+MAX_REFERENCE_LENGTH = MAX_NAME_LENGTH + 1 + 128 + 1 + 135  # name, ":" tag, "@" sha512 digest
+_QUOTE = 80
 DOCKER_AI_NAMESPACE = "docker.io/ai"
 HF_REGISTRY = "hf.co"
 
@@ -120,12 +126,15 @@ def parse_reference(text: str, aliases: Mapping[str, str] | None = None) -> Refe
 
 
 def _fail(original: str, reason: str) -> InvalidReference:
-    return InvalidReference(f'invalid model name: "{original}" ({reason})')
+    quoted = original if len(original) <= _QUOTE else original[:_QUOTE] + "…"
+    return InvalidReference(f'invalid model name: "{quoted}" ({reason})')
 
 
 def _parse(text: str, *, original: str) -> Reference:
     if not text:
         raise _fail(original, "empty")
+    if len(text) > MAX_REFERENCE_LENGTH:
+        raise _fail(original, f"{len(text)} characters, more than {MAX_REFERENCE_LENGTH}")
     if any(ch.isspace() for ch in text):
         raise _fail(original, "contains whitespace")
 
@@ -162,6 +171,8 @@ def _parse(text: str, *, original: str) -> Reference:
     for component in repository.split("/"):
         if not _COMPONENT.fullmatch(component):
             raise _fail(original, f"bad repository component {component!r}")
+    if len(registry) + 1 + len(repository) > MAX_NAME_LENGTH:
+        raise _fail(original, f"registry/repository longer than {MAX_NAME_LENGTH} characters")
     return Reference(registry=registry, repository=repository, tag=tag, digest=digest)
 
 

@@ -10,14 +10,15 @@ Loading is single-flight per model (one ``llama-server`` start however many requ
 and never blocks other models: each model has its own load task, the table itself is only touched
 between awaits.
 
-Memory-aware admission (:meth:`Scheduler._admit`): a model is admitted when its memory (the GGUF
-estimate, ``plan.estimate`` bytes) fits the node's capacity beside the admitted models (each counted
-at what llama-server reported after its load, else its estimate) and ``max_loaded`` allows one more.
-Otherwise :func:`llmman.eviction.choose_victims` picks models to unload: idle ones go at once, busy
-ones are marked and unloaded when their last request ends (never cut). One admission at a time.
-A model larger than the whole capacity fails at once, naming both figures. Requests that would
-wait (for a load, or for a slot beyond ``n_parallel``) are bounded by ``max_queue``: past it,
-Ollama's 503 ``server busy`` with ``Retry-After``.
+One child per GGUF file and child options (:attr:`ModelPlan.child`), as Ollama keys its runners by
+model path: a copy or second tag of a loaded model is served by the loaded child, whose table entry
+keeps the name that loaded it (``/api/ps`` shows that one entry, as Ollama does); unloading either
+name unloads the child.
+
+Memory-aware admission is :class:`llmman.scheduler_admission.Admission`'s: a model loads once it
+fits beside the others, idle ones being unloaded and busy ones drained to make room. Requests
+that would wait (for a load, or for a slot beyond ``n_parallel``) are bounded by ``max_queue``:
+past it, Ollama's 503 ``server busy`` with ``Retry-After``.
 
 Self-healing (rules in :mod:`llmman.healing`, state in :mod:`llmman.scheduler_healing`): a failed
 load or a crash is recorded with its classified cause; a cooling-down model answers 503 with
@@ -32,165 +33,19 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import replace
 
 from llmman import healing
 from llmman.errors import LlmmanError, RunnerError, ServerBusy
-from llmman.eviction import Candidate, choose_victims
 from llmman.memory import parse_buffers
+from llmman.scheduler_admission import Admission
 from llmman.scheduler_healing import Healer
+from llmman.scheduler_plan import MAX_KEEP_ALIVE, Launcher, ModelPlan, Runner
+from llmman.scheduler_table import Lease, LoadedModel, LoadedSnapshot, snapshot_of
 from llmman.sizes import format_bytes
 
 log = logging.getLogger("llmman.scheduler")
-
-MAX_KEEP_ALIVE = 292 * 365.25 * 86400.0
-"""Seconds; a longer keep_alive means forever (Go's largest duration, where Ollama's ends too)."""
-
-
-class Runner(Protocol):
-    """What the scheduler needs of a started llama-server child (runner.process.LlamaServerProcess)."""
-
-    @property
-    def base_url(self) -> str: ...
-
-    @property
-    def pid(self) -> int | None: ...
-
-    async def stop(self, grace: float = 10.0) -> None: ...
-
-
-@dataclass(frozen=True)
-class ModelPlan:
-    """Everything needed to start one model, resolved from the store by the caller.
-
-    Attributes:
-        reference: canonical full reference, e.g. ``docker.io/ai/smollm2:135m`` (the table key).
-        digest: manifest digest ``sha256:<hex>``.
-        size: bytes of weights (sum of the manifest's layers).
-        n_ctx: context per slot in tokens, already clamped to the model's trained context.
-        model_path: the file for llama-server's ``-m`` (first shard of a split GGUF).
-        mmproj_path: the multimodal projector for ``--mmproj``, or None.
-        details: Ollama ``details`` object for listings (family, parameter_size, quantization_level).
-        estimate: predicted memory in bytes (llmman.memory.estimate), 0 = unknown (admitted freely).
-        n_parallel: slots (``-np``); requests beyond them wait inside llama-server and count as queued.
-        embedding: start the child with ``--embeddings`` (its own child, beside a chat child of the model).
-        pooling: ``--pooling`` for an embedding child (``mean`` for chat models whose GGUF has none), or None.
-        n_gpu_layers: ``-ngl`` from the model's preset (llmman.presets), or None.
-        devices: GPU ids for the child's ``*_VISIBLE_DEVICES`` from its preset, or None.
-        extra_args: the preset's ``extra_args``, appended to argv.
-    """
-
-    reference: str
-    digest: str
-    size: int
-    n_ctx: int
-    model_path: str = ""
-    mmproj_path: str | None = None
-    details: dict[str, object] = field(default_factory=dict)
-    estimate: int = 0
-    n_parallel: int = 1
-    embedding: bool = False
-    pooling: str | None = None
-    n_gpu_layers: int | None = None
-    devices: str | None = None
-    extra_args: tuple[str, ...] = ()
-
-    @property
-    def key(self) -> str:
-        """The scheduler's table key: the reference, plus ``#embedding`` for an embedding child."""
-        return self.reference + "#embedding" if self.embedding else self.reference
-
-
-Launcher = Callable[[ModelPlan, Callable[[Runner], None]], Awaitable[Runner]]
-"""Starts a child for a plan and returns it once ready; the second argument is the on-exit
-callback the child must call if it dies on its own. Raises RunnerError on failure."""
-
-
-@dataclass
-class LoadedModel:
-    """One entry of the table. Mutable; owned by the scheduler."""
-
-    plan: ModelPlan
-    keep_alive: float
-    runner: Runner | None = None
-    refcount: int = 0
-    started_at: float = 0.0
-    expires_at: float | None = None
-    load_task: asyncio.Task[Runner] | None = None
-    timer: asyncio.TimerHandle | None = None
-    unload_when_idle: bool = False
-    admitted: bool = False  # counted against the node's memory
-    evicting: bool = False  # chosen to make room: unload when idle, whatever keep_alive says
-    usage_host: int = 0  # bytes llama-server reported after loading (0 = not reported)
-    usage_device: int = 0
-
-    @property
-    def ready(self) -> bool:
-        """True once the child answered ``/health`` with 200."""
-        return self.runner is not None
-
-    @property
-    def memory(self) -> int:
-        """Bytes this model takes: llama-server's own figure once loaded, else the estimate."""
-        measured = self.usage_host + self.usage_device
-        return measured if measured else self.plan.estimate
-
-
-@dataclass(frozen=True)
-class LoadedSnapshot:
-    """A read-only view of one loaded model, for ``/api/ps`` and ``llmman ps``.
-
-    Times are unix seconds; ``expires_at`` is None for a model kept forever.
-    """
-
-    reference: str
-    digest: str
-    size: int
-    n_ctx: int
-    details: dict[str, object]
-    started_at: float
-    expires_at: float | None
-    refcount: int
-    ready: bool
-    pid: int | None
-    memory: int = 0
-    memory_device: int = 0
-
-
-class Lease:
-    """A hold on a loaded model. Release it exactly once (``async with`` does it).
-
-    Attributes:
-        base_url: the child's ``http://127.0.0.1:PORT``.
-        reference: the canonical reference of the model.
-        load_duration: seconds spent waiting for the model (queue + load), for Ollama's
-            ``load_duration``.
-    """
-
-    def __init__(
-        self, scheduler: Scheduler, entry: LoadedModel, runner: Runner, load_duration: float
-    ) -> None:
-        self._scheduler = scheduler
-        self._entry = entry
-        self.base_url = runner.base_url
-        self.reference = entry.plan.reference
-        self.load_duration = load_duration
-        self.runner = runner
-        self._released = False
-
-    def release(self) -> None:
-        """Drop the hold; starts the keep-alive timer when it was the last one. Idempotent."""
-        if not self._released:
-            self._released = True
-            self._scheduler._release(self._entry)
-
-    async def __aenter__(self) -> Lease:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
 
 
 class Scheduler:
@@ -226,12 +81,17 @@ class Scheduler:
         self._table: dict[str, LoadedModel] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self._closed = False
-        self.capacity = capacity
-        self._max_loaded = max_loaded
+        self._admission = Admission(capacity=capacity, max_loaded=max_loaded)
         self._max_queue = max_queue
-        self._admit_lock = asyncio.Lock()
-        self._changed = asyncio.Event()
         self.healer = Healer(base=heal_base)
+
+    @property
+    def capacity(self) -> int:
+        """Bytes models may take on this node; 0 = no limit."""
+        return self._admission.capacity
+
+    def _is_closed(self) -> bool:
+        return self._closed
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -251,9 +111,11 @@ class Scheduler:
         while True:
             if self._closed:
                 raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
-            entry = self._table.get(plan.key)
-            if entry is not None and entry.ready and entry.plan.n_ctx < plan.n_ctx and entry.refcount == 0:
-                # A bigger context was asked for and nobody is using the model: reload it.
+            entry = self._lookup(plan.key, plan.child)
+            if (entry is not None and entry.ready and max(entry.plan.n_ctx, entry.oom_ctx) < plan.n_ctx
+                    and entry.refcount == 0):
+                # A bigger context was asked for (than the one loaded, or the one that did not fit)
+                # and nobody is using the model: reload it.
                 await self._unload_entry(entry)
                 continue
             queued = entry is None or not entry.ready or entry.refcount >= entry.plan.n_parallel
@@ -263,6 +125,8 @@ class Scheduler:
                 self.healer.check(plan.key, plan.reference)
                 entry = LoadedModel(plan=plan, keep_alive=self._default_keep_alive)
                 self._table[plan.key] = entry
+            elif entry.plan.key != plan.key:
+                entry.sharers.add(plan.key)
             if keep_alive is not None:
                 entry.keep_alive = math.inf if keep_alive > MAX_KEEP_ALIVE else keep_alive
             entry.refcount += 1
@@ -274,15 +138,26 @@ class Scheduler:
                 entry.refcount -= 1
                 if entry.ready:  # cancelled after the load finished: nobody else may start its timer
                     self._idle(entry)
-                elif self._table.get(plan.key) is entry and entry.refcount == 0:
+                elif self._table.get(entry.plan.key) is entry and entry.refcount == 0:
                     if entry.load_task is None or entry.load_task.done():
-                        self._table.pop(plan.key, None)
+                        self._table.pop(entry.plan.key, None)
                 raise
-            if self._table.get(plan.key) is not entry:
+            if self._table.get(entry.plan.key) is not entry:
                 # The model died or was unloaded between ready and now: start over.
                 entry.refcount -= 1
                 continue
-            return Lease(self, entry, runner, time.monotonic() - started)
+            return Lease(self._release, entry, runner, time.monotonic() - started)
+
+    def _lookup(self, key: str, child: tuple[object, ...] | None = None) -> LoadedModel | None:
+        """The entry for table key ``key``: its own, else one already serving it, else (with ``child``,
+        ModelPlan.child) one that runs the same file with the same options."""
+        entry = self._table.get(key)
+        if entry is not None:
+            return entry
+        for other in self._table.values():
+            if key in other.sharers or (child is not None and other.plan.child == child):
+                return other
+        return None
 
     async def _wait_ready(self, entry: LoadedModel) -> Runner:
         if entry.runner is not None:
@@ -294,7 +169,7 @@ class Scheduler:
 
     async def _load(self, entry: LoadedModel) -> Runner:
         try:
-            await self._admit(entry)
+            await self._admission.admit(entry, self._table.values, self._unload_entry, self._is_closed)
             log.info("loading %s (n_ctx %d, estimate %s)", entry.plan.reference, entry.plan.n_ctx,
                      format_bytes(entry.plan.estimate))
             runner = await self._launch_once_more_on_oom(entry)
@@ -302,8 +177,12 @@ class Scheduler:
             if self._table.get(entry.plan.key) is entry:
                 self._table.pop(entry.plan.key, None)
             if isinstance(exc, RunnerError) and not self._closed:
-                self.healer.failed_load(entry.plan.key, cause=exc.cause, message=exc.message)
-            self._notify()
+                failure = self.healer.failed_load(entry.plan.key, cause=exc.cause, message=exc.message)
+                if healing.should_restart(failure, pinned=math.isinf(entry.keep_alive), busy=False):
+                    # A pinned model (preset preload, keep_alive < 0) is loaded again by itself after
+                    # its cool-down, until the breaker opens.
+                    self._restart_later(entry.plan, entry.keep_alive, self.healer.delay(failure))
+            self._admission.notify()
             raise
         self.healer.loaded(entry.plan.key)
         lines = getattr(runner, "log_lines", None)
@@ -332,59 +211,9 @@ class Scheduler:
                 raise
             log.warning("%s ran out of memory with n_ctx %d; retrying once with n_ctx %d",
                         entry.plan.reference, entry.plan.n_ctx, smaller)
+            entry.oom_ctx = entry.plan.n_ctx  # asking for it again reuses this load, not another OOM
             entry.plan = replace(entry.plan, n_ctx=smaller)
             return await self._launch(entry.plan, lambda r: self._on_exit(entry, r))
-
-    async def _admit(self, entry: LoadedModel) -> None:
-        """Make room for ``entry`` (see the module docstring); returns once it is admitted.
-
-        Raises:
-            LlmmanError: 500 ``insufficient_memory`` when the model is larger than the whole capacity;
-                503 when the daemon shuts down meanwhile.
-        """
-        need = entry.plan.estimate
-        if self.capacity and need > self.capacity:
-            raise LlmmanError(
-                f"model {entry.plan.reference} needs {format_bytes(need)} of memory, but this node has "
-                f"{format_bytes(self.capacity)} for models (resources.memory minus resources.reserve)",
-                status=500, code="insufficient_memory",
-            )  # fmt: skip
-        async with self._admit_lock:
-            while True:
-                if self._closed:
-                    raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
-                others = [e for e in self._table.values() if e is not entry and e.admitted]
-                short = sum(e.memory for e in others) + need - self.capacity if self.capacity else 0
-                excess = len(others) + 1 - self._max_loaded if self._max_loaded else 0
-                if short <= 0 and excess <= 0:
-                    entry.admitted = True
-                    return
-                keys = {f"{e.plan.reference}#{i}": e for i, e in enumerate(others)}
-                candidates = [
-                    Candidate(key, e.memory, busy=e.refcount > 0 or not e.ready,
-                              pinned=math.isinf(e.keep_alive), reload_cost=e.plan.size)
-                    for key, e in keys.items()
-                ]  # fmt: skip
-                changed = self._changed
-                unloaded = False
-                for key in choose_victims(candidates, need_bytes=short, need_count=excess):
-                    victim = keys[key]
-                    if victim.ready and victim.refcount == 0:
-                        log.info("unloading %s to make room for %s", victim.plan.reference,
-                                 entry.plan.reference)
-                        await self._unload_entry(victim)
-                        unloaded = True
-                    elif not victim.evicting:
-                        log.info("%s waits for %s to finish its requests", entry.plan.reference,
-                                 victim.plan.reference)
-                        victim.evicting = True
-                if not unloaded:
-                    await changed.wait()
-
-    def _notify(self) -> None:
-        """Wake admissions waiting for a model to drain or go."""
-        self._changed.set()
-        self._changed = asyncio.Event()
 
     def queued(self) -> int:
         """Requests waiting: for a load, or for a slot of a model whose slots are all busy."""
@@ -393,7 +222,7 @@ class Scheduler:
     def _release(self, entry: LoadedModel) -> None:
         entry.refcount -= 1
         self._idle(entry)
-        self._notify()
+        self._admission.notify()
 
     def _idle(self, entry: LoadedModel) -> None:
         """Start ``entry``'s keep_alive (or unload it) if nobody holds it now."""
@@ -423,7 +252,7 @@ class Scheduler:
             return
         self._table.pop(entry.plan.key, None)
         self._cancel_timer(entry)
-        self._notify()
+        self._admission.notify()
         if self._closed:
             return
         detail = getattr(runner, "exit_detail", None)  # e.g. "hung (no /health answer for 31 s)"
@@ -434,33 +263,30 @@ class Scheduler:
                                       message=message, uptime=self._clock() - entry.started_at)
         pinned, busy = math.isinf(entry.keep_alive), entry.refcount > 0
         if healing.should_restart(failure, pinned=pinned, busy=busy):
-            delay = self.healer.delay(failure)
-            log.warning("restarting %s in %.1f s", entry.plan.reference, delay)
-            self.healer.later(delay, lambda: self._restart(entry.plan, entry.keep_alive),
-                              name=f"restart {entry.plan.reference}")
+            self._restart_later(entry.plan, entry.keep_alive, self.healer.delay(failure))
+
+    def _restart_later(self, plan: ModelPlan, keep_alive: float, delay: float) -> None:
+        log.warning("restarting %s in %.1f s", plan.reference, delay)
+        self.healer.later(delay, lambda: self._restart(plan, keep_alive), name=f"restart {plan.reference}")
 
     async def _restart(self, plan: ModelPlan, keep_alive: float) -> None:
-        """Load ``plan`` again after a crash (nobody holds it); a failed load restarts again while a
-        pinned model's breaker is shut."""
-        if self._closed or plan.key in self._table:
+        """Load ``plan`` again after a crash or a pinned model's failed load (nobody holds it); a
+        failed load of a pinned model schedules the next try itself (:meth:`_load`). Nothing happens when
+        the model was unloaded on purpose meanwhile (:meth:`unload` forgets its failures)."""
+        if self._closed or plan.key in self._table or plan.key not in self.healer.failures:
             return
         entry = LoadedModel(plan=plan, keep_alive=keep_alive)
         self._table[plan.key] = entry
-        try:
+        with contextlib.suppress(Exception):
             await self._wait_ready(entry)
-        except Exception:
-            failure = self.healer.failures.get(plan.key)
-            if failure is not None and not self._closed and healing.should_restart(
-                    failure, pinned=math.isinf(keep_alive), busy=False):
-                self.healer.later(self.healer.delay(failure), lambda: self._restart(plan, keep_alive),
-                                  name=f"restart {plan.reference}")
 
     # -- unloading ---------------------------------------------------------------------------
 
     async def unload(self, reference: str) -> bool:
         """Unload a model as Ollama's ``keep_alive: 0`` does: at once when idle, else when the last
         in-flight request finishes. A load in progress is waited for first, then unloaded. Its
-        embedding child (ModelPlan.embedding), if any, goes too.
+        embedding child (ModelPlan.embedding), if any, goes too, and so does a child it shares with a
+        copy of the model (ModelPlan.child).
 
         Returns:
             True if the model was loaded (or loading), False if it was not in the table.
@@ -470,14 +296,14 @@ class Scheduler:
         embedding = await self._unload_key(reference + "#embedding")
         return await self._unload_key(reference) or embedding
 
-    async def _unload_key(self, reference: str) -> bool:
-        entry = self._table.get(reference)
+    async def _unload_key(self, key: str) -> bool:
+        entry = self._lookup(key)
         if entry is None:
             return False
         if entry.load_task is not None and not entry.load_task.done():
             with contextlib.suppress(Exception):
                 await asyncio.shield(entry.load_task)
-        if self._table.get(reference) is not entry:
+        if self._table.get(entry.plan.key) is not entry:
             return True
         if entry.refcount > 0:
             entry.unload_when_idle = True
@@ -494,7 +320,7 @@ class Scheduler:
                 log.info("unloading %s", entry.plan.key)
                 await entry.runner.stop(self._stop_grace)
         finally:
-            self._notify()
+            self._admission.notify()
 
     def _spawn_stop(self, entry: LoadedModel) -> None:
         task = asyncio.create_task(self._unload_entry(entry), name=f"unload {entry.plan.reference}")
@@ -510,45 +336,19 @@ class Scheduler:
     # -- views and shutdown -------------------------------------------------------------------
 
     def snapshot(self) -> list[LoadedSnapshot]:
-        """The loaded (and loading) models, for ``/api/ps``. A busy or loading model shows
-        ``expires_at`` = now + keep_alive, as Ollama does."""
+        """The loaded (and loading) models, for ``/api/ps`` (scheduler_table.snapshot_of)."""
         now = self._clock()
-        out: list[LoadedSnapshot] = []
-        for entry in self._table.values():
-            expires: float | None
-            if math.isinf(entry.keep_alive):
-                expires = None
-            elif entry.expires_at is not None:
-                expires = entry.expires_at
-            else:
-                expires = now + max(entry.keep_alive, 0.0)
-            out.append(
-                LoadedSnapshot(
-                    reference=entry.plan.reference,
-                    digest=entry.plan.digest,
-                    size=entry.plan.size,
-                    n_ctx=entry.plan.n_ctx,
-                    details=entry.plan.details,
-                    started_at=entry.started_at or now,
-                    expires_at=expires,
-                    refcount=entry.refcount,
-                    ready=entry.ready,
-                    pid=entry.runner.pid if entry.runner is not None else None,
-                    memory=entry.memory,
-                    memory_device=entry.usage_device,
-                )
-            )
-        return out
+        return [snapshot_of(entry, now) for entry in self._table.values()]
 
     def is_loaded(self, reference: str) -> bool:
-        """True when ``reference`` has a ready child."""
-        entry = self._table.get(reference)
+        """True when ``reference`` has a ready child (its own, or one it shares)."""
+        entry = self._lookup(reference)
         return entry is not None and entry.ready
 
     async def close(self) -> None:
         """Stop every child (SIGTERM, grace, SIGKILL) and refuse new work. Idempotent."""
         self._closed = True
-        self._notify()
+        self._admission.notify()
         await self.healer.close()
         entries = list(self._table.values())
         self._table.clear()
@@ -568,4 +368,5 @@ def _retrieve(task: asyncio.Task[Runner]) -> None:
         task.exception()
 
 
-__all__ = ["Launcher", "Lease", "LoadedSnapshot", "ModelPlan", "Runner", "RunnerError", "Scheduler"]
+__all__ = ["MAX_KEEP_ALIVE", "Launcher", "Lease", "LoadedModel", "LoadedSnapshot", "ModelPlan", "Runner",
+           "RunnerError", "Scheduler"]

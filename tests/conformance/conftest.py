@@ -5,7 +5,9 @@ Every test that takes ``base_url`` runs twice: ``[local]`` talks to ``daemon`` (
 model) directly, ``[hop]`` talks to ``front``, a second daemon on 127.0.0.2 with an empty store whose only
 peer is ``daemon``, so each request crosses the aggregation's forwarding hop (``x-llmman-hop: 1``).
 One model daemon and one front serve the whole session. Tests that inspect ``daemon`` (its children)
-still pass through the hop, because the front forwards to that very daemon.
+still pass through the hop, because the front forwards to that very daemon. The daemon's store also holds
+``smollm2-agent:135m`` (tests/conformance/agent_model.py: SmolLM2 with a template that renders tools and
+thinks when asked), for the tool_use and thinking tests.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conformance.agent_model import AGENT_NAME, write_agent_model
 from tests.integration.conftest import MODEL_NAME, model_file
 from tests.integration.daemons import Daemon, model_daemon, start_daemon
 
@@ -26,9 +29,16 @@ MODES = ("local", "hop")
 
 @pytest.fixture(scope="session")
 def daemon(tmp_path_factory: pytest.TempPathFactory, model_file: Path) -> Iterator[Daemon]:
-    """One real daemon with smollm2:135m in its store, shared by the whole conformance session."""
-    with model_daemon(tmp_path_factory.mktemp("daemon"), model_file, MODEL_NAME,
-                      extra_env={"LLMMAN_NUM_PARALLEL": "4"}) as d:
+    """One real daemon with smollm2:135m and smollm2-agent:135m in its store, shared by the whole
+    conformance session."""
+    from llmman.refs import parse_reference
+    from llmman.store import Store
+
+    tmp = tmp_path_factory.mktemp("daemon")
+    agent = write_agent_model(model_file, tmp_path_factory.mktemp("agent") / "smollm2-agent.gguf")
+    Store(tmp / "store").build(parse_reference(AGENT_NAME), agent)
+    agent.unlink()  # the store has its own copy
+    with model_daemon(tmp, model_file, MODEL_NAME, extra_env={"LLMMAN_NUM_PARALLEL": "4"}) as d:
         yield d
 
 
@@ -67,7 +77,8 @@ def local_only(mode: str) -> None:
 @pytest.fixture(autouse=True)
 def _front_stays_empty(request: pytest.FixtureRequest) -> Iterator[None]:
     """In the hop run, the front must forward, never serve: it ends each test with no child of its own."""
+    hop = "base_url" in request.fixturenames and request.getfixturevalue("mode") == "hop"
+    front_daemon: Daemon | None = request.getfixturevalue("front") if hop else None  # before teardown
     yield
-    if "base_url" in request.fixturenames and request.getfixturevalue("mode") == "hop":
-        front_daemon: Daemon = request.getfixturevalue("front")
+    if front_daemon is not None:
         assert front_daemon.children() == [], "the front served a model itself instead of forwarding"

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conformance.fuzz import bodies
+from tests.conformance.agent_model import AGENT_NAME
+from tests.conformance.fuzz import anthropic_bodies, bodies
 from tests.integration.conftest import MODEL_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
@@ -69,21 +70,129 @@ def test_stream_raw_has_ping_after_message_start(base_url: str) -> None:
     assert names[:2] == ["message_start", "ping"] and names[-1] == "message_stop"
 
 
-def test_system_messages_anywhere_and_tools_round_trip(base_url: str) -> None:
+def test_system_messages_anywhere(base_url: str) -> None:
     msg = _client(base_url).messages.create(
-        model=MODEL_NAME, max_tokens=8,
-        tools=[{"name": "get_weather", "description": "Weather for a city",
-                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
-        messages=[
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": [
-                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny, 21 C"}]},
-            {"role": "system", "content": "Answer briefly."},
-        ],
+        model=MODEL_NAME, max_tokens=8, system="You are a geography teacher.",
+        messages=[{"role": "user", "content": QUESTION},
+                  {"role": "system", "content": "Answer briefly."}],  # type: ignore[list-item]
     )
-    assert msg.type == "message" and msg.stop_reason in {"end_turn", "max_tokens", "tool_use"}
+    assert msg.type == "message" and msg.stop_reason in {"end_turn", "max_tokens"}
+
+
+WEATHER: Any = {"name": "get_weather", "description": "The current weather in a city",
+                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                                 "required": ["city"]}}
+
+
+def test_tools_need_the_tools_capability(base_url: str) -> None:
+    """SmolLM2's own template cannot render tools: Ollama's capability check, in Anthropic's shape."""
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        _client(base_url).messages.create(model=MODEL_NAME, max_tokens=8, tools=[WEATHER],
+                                          messages=[{"role": "user", "content": "Weather in Paris?"}])
+    assert refused.value.body == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": f"{MODEL_NAME} does not support tools"}}
+
+
+def _forced_call(client: anthropic.Anthropic, stream: bool) -> tuple[Any, list[str]]:
+    """Ask for the weather with get_weather forced: the message, and the stream's event types."""
+    kwargs: Any = {"model": AGENT_NAME, "max_tokens": 64, "tools": [WEATHER],
+                   "extra_body": {"temperature": 0}, "tool_choice": {"type": "tool", "name": "get_weather"},
+                   "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}
+    if not stream:
+        return client.messages.create(**kwargs), []
+    with client.messages.stream(**kwargs) as events:
+        names = [e.type for e in events if e.type in {
+            "message_start", "content_block_start", "content_block_delta", "content_block_stop",
+            "message_delta", "message_stop"}]
+        return events.get_final_message(), names
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_use_round_trip(base_url: str, stream: bool) -> None:
+    """A forced tool call (SmolLM2 writes the input under the tool's JSON-schema grammar), then its result
+    sent back as a tool_result, answered with text."""
+    client = _client(base_url)
+    msg, events = _forced_call(client, stream)
+    assert msg.id.startswith("msg_") and msg.model == AGENT_NAME and msg.stop_reason == "tool_use"
+    assert [b.type for b in msg.content] == ["tool_use"]
+    call = msg.content[0]
+    assert call.id.startswith("toolu_") and call.name == "get_weather"
+    assert isinstance(call.input, dict) and isinstance(call.input["city"], str)
+    assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) > 20
+    assert msg.usage.output_tokens > 0
+    if stream:
+        assert events[:2] == ["message_start", "content_block_start"]
+        assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+        assert set(events[2:-3]) == {"content_block_delta"}
+    answer = client.messages.create(
+        model=AGENT_NAME, max_tokens=16, extra_body={"temperature": 0}, tools=[WEATHER],
+        thinking={"type": "disabled"},
+        messages=[{"role": "user", "content": "What is the weather in Paris?"},
+                  {"role": "assistant", "content": msg.content},  # type: ignore[typeddict-item]
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                                "content": "Sunny, 21 C"}]}],
+    )
+    assert answer.id.startswith("msg_") and answer.stop_reason in {"end_turn", "max_tokens", "tool_use"}
+    assert "text" in [b.type for b in answer.content]
+    assert answer.usage.input_tokens + (answer.usage.cache_read_input_tokens or 0) > 20
+
+
+def test_tool_result_must_answer_a_tool_use(base_url: str) -> None:
+    with pytest.raises(anthropic.BadRequestError, match="Each `tool_result` block must have a corresponding"):
+        _client(base_url).messages.create(
+            model=AGENT_NAME, max_tokens=8, tools=[WEATHER],
+            messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x",
+                                                    "content": "Sunny"}]}])
+
+
+THINK: Any = {"type": "enabled", "budget_tokens": 1024}
+
+
+def test_thinking_blocks_streamed_as_anthropic_sends_them(base_url: str) -> None:
+    """``thinking: enabled`` turns the template's thinking on: a thinking block (thinking_delta events,
+    then one signature_delta) before the block stops. SmolLM2 never closes its thinking, so a stop
+    sequence ends the answer early."""
+    client = _client(base_url)
+    with client.messages.stream(model=AGENT_NAME, max_tokens=1100, thinking=THINK, stop_sequences=["."],
+                                messages=[{"role": "user", "content": "Hi"}]) as stream:
+        events = [e for e in stream if e.type not in {"text", "thinking", "signature", "input_json"}]
+        final = stream.get_final_message()
+    names = [e.type for e in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    deltas = [e.delta.type for e in events if e.type == "content_block_delta"]  # type: ignore[union-attr]
+    assert deltas[0] == "thinking_delta" and deltas.count("signature_delta") == 1
+    starts = [e for e in events if e.type == "content_block_start"]
+    assert starts[0].content_block.type == "thinking"  # type: ignore[union-attr]
+    assert final.content[0].type == "thinking" and final.content[0].thinking  # type: ignore[union-attr]
+    # sampled (thinking allows no temperature but 1): usually the stop sequence, possibly the end of turn
+    assert final.stop_reason in {"stop_sequence", "end_turn", "max_tokens"}
+
+
+def test_stop_sequence_is_the_stop_reason(base_url: str) -> None:
+    """llama-server says ``end_turn`` and names the sequence; Anthropic says ``stop_sequence``."""
+    client = _client(base_url)
+    kwargs: Any = {"model": MODEL_NAME, "max_tokens": 64, "stop_sequences": ["."],
+                   "extra_body": {"temperature": 0},
+                   "messages": [{"role": "user", "content": "Tell me about Paris."}]}
+    msg = client.messages.create(**kwargs)
+    assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", ".")
+    with client.messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", ".")
+
+
+def test_thinking_disabled_and_relaxed(base_url: str) -> None:
+    client = _client(base_url)
+    plain = client.messages.create(model=AGENT_NAME, max_tokens=8, thinking={"type": "disabled"},
+                                   messages=[{"role": "user", "content": "Hi"}])
+    assert [b.type for b in plain.content] == ["text"]
+    thought = client.messages.create(model=AGENT_NAME, max_tokens=1100, thinking=THINK, stop_sequences=["."],
+                                     messages=[{"role": "user", "content": "Hi"}])
+    assert thought.content[0].type == "thinking"
+    # SmolLM2 itself cannot think: the request is relaxed to no thinking, not refused
+    relaxed = client.messages.create(model=MODEL_NAME, max_tokens=1100, thinking=THINK, stop_sequences=["."],
+                                     messages=[{"role": "user", "content": QUESTION}])
+    assert relaxed.content and all(b.type == "text" for b in relaxed.content)
 
 
 def test_count_tokens(base_url: str) -> None:
@@ -109,19 +218,50 @@ def test_errors_in_anthropic_shape(base_url: str) -> None:
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.messages.create(model=MODEL_NAME, max_tokens=-1, messages=[{"role": "user", "content": "x"}])
     assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
-    with pytest.raises(anthropic.BadRequestError, match="image"):  # SmolLM2 has no projector
+    # SmolLM2 has no projector: Ollama's capability check
+    with pytest.raises(anthropic.BadRequestError, match=f"{MODEL_NAME} does not support vision"):
         image: Any = {"type": "image", "source": {
             "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
         client.messages.create(model=MODEL_NAME, max_tokens=4,
                                messages=[{"role": "user", "content": [image]}])
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "x"}]}, "max_tokens: Field required"),
+        ({"model": MODEL_NAME, "max_tokens": 4,
+          "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+         "messages.0.content.0.text: Field required"),
+        ({"model": MODEL_NAME, "max_tokens": 4,
+          "messages": [{"role": "user", "content": [{"type": "bogus"}]}]},
+         "messages.0.content.0.type: Input tag 'bogus'"),
+        ({"model": MODEL_NAME, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+          "system": [{"type": "text"}]}, "system.0.text: Field required"),
+        ({"model": MODEL_NAME, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+          "stop_sequences": "x"}, "stop_sequences: Input should be a valid list"),
+        ({"model": MODEL_NAME, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+          "tools": [{"name": "f"}]}, "tools.0.input_schema: Field required"),
+        ({"model": MODEL_NAME, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+          "temperature": "hot"}, "temperature: Input should be a valid number"),
+    ],
+)
+def test_malformed_bodies_are_anthropic_400s(base_url: str, body: dict[str, Any], message: str) -> None:
+    r = httpx.post(base_url + "/v1/messages", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert err["error"]["message"].startswith(message)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=bodies("model", "messages", "max_tokens", "system", "stream"),
-       path=st.sampled_from(["/v1/messages", "/v1/messages/count_tokens"]))
+@given(body=bodies("model", "messages", "max_tokens", "system", "stream") | anthropic_bodies(MODEL_NAME)
+       | anthropic_bodies(AGENT_NAME), path=st.sampled_from(["/v1/messages", "/v1/messages/count_tokens"]))
 def test_fuzzed_bodies_never_500(base_url: str, body: bytes, path: str) -> None:
     r = httpx.post(base_url + path, content=body, timeout=60)
     assert r.status_code < 500, r.text
     if r.status_code >= 400:
         err = r.json()
         assert err["type"] == "error" and isinstance(err["error"]["message"], str)
+        if r.status_code == 400:
+            assert err["error"]["type"] == "invalid_request_error"

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import base64
 import math
+import struct
 
 import httpx
 import ollama
@@ -12,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conformance.fuzz import bodies
-from tests.integration.conftest import MODEL_NAME
+from tests.conformance.fuzz import bodies, embedding_bodies
+from tests.integration.conftest import MODEL_NAME, MODEL_REF
 from tests.integration.daemons import Daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
@@ -40,8 +42,9 @@ def test_chat_and_embedding_children_side_by_side(base_url: str, daemon: Daemon)
     client = ollama.Client(host=base_url)
     client.chat(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2})
     client.embed(model=MODEL_NAME, input="x")
-    assert len(daemon.children()) == 2
-    assert sum("--embeddings" in c.cmdline() for c in daemon.children()) == 1
+    # this model's children only (the session's daemon also serves smollm2-agent)
+    mine = [c.cmdline() for c in daemon.children() if MODEL_REF in c.cmdline()]
+    assert len(mine) == 2 and sum("--embeddings" in argv for argv in mine) == 1
 
 
 def test_openai_embeddings(base_url: str) -> None:
@@ -53,6 +56,25 @@ def test_openai_embeddings(base_url: str) -> None:
         client.embeddings.create(model="nope:1b", input="x")
 
 
+def test_openai_embeddings_dimensions(base_url: str) -> None:
+    """llama-server ignores ``dimensions``: llmman cuts and renormalises, as OpenAI and Ollama do."""
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    full = client.embeddings.create(model=MODEL_NAME, input="hello world").data[0].embedding
+    cut = client.embeddings.create(model=MODEL_NAME, input="hello world", dimensions=8).data[0].embedding
+    assert len(full) == 576 and len(cut) == 8
+    assert math.isclose(math.fsum(v * v for v in cut), 1.0, rel_tol=1e-3)
+    norm = math.sqrt(math.fsum(v * v for v in full[:8]))
+    assert all(math.isclose(a, b / norm, abs_tol=1e-4) for a, b in zip(cut, full[:8], strict=True))
+    b64 = client.embeddings.create(model=MODEL_NAME, input="hello world", dimensions=8,
+                                   encoding_format="base64").data[0].embedding
+    row = struct.unpack("<8f", base64.b64decode(str(b64)))  # little-endian float32, cut to 8 as well
+    assert all(math.isclose(a, b, abs_tol=1e-6) for a, b in zip(row, cut, strict=True))
+    for dims in (0, -4):
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.embeddings.create(model=MODEL_NAME, input="x", dimensions=dims)
+        assert bad.value.param == "dimensions" and bad.value.code is None
+
+
 def test_errors(base_url: str) -> None:
     with httpx.Client(base_url=base_url, timeout=120) as c:
         r = c.post("/api/embed", json={"model": "nope:1b", "input": "x"})
@@ -61,11 +83,18 @@ def test_errors(base_url: str) -> None:
         assert r.status_code == 400 and r.json() == {"error": "invalid input type"}
         empty = c.post("/api/embed", json={"model": MODEL_NAME, "input": []}).json()
         assert empty["embeddings"] == []
+        for dims in (0, -1):
+            r = c.post("/api/embed", json={"model": MODEL_NAME, "input": "x", "dimensions": dims})
+            assert (r.status_code, r.json()) == (400, {"error": "dimensions must be a positive integer"})
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=bodies("model", "input", "prompt", "dimensions", "truncate", "keep_alive"),
+@given(body=bodies("model", "input", "prompt", "dimensions", "truncate", "keep_alive")
+       | embedding_bodies(MODEL_NAME),
        path=st.sampled_from(["/api/embed", "/api/embeddings", "/v1/embeddings"]))
 def test_fuzzed_bodies_never_500(base_url: str, body: bytes, path: str) -> None:
     r = httpx.post(base_url + path, content=body, timeout=60)
     assert r.status_code < 500, r.text
+    if r.status_code == 400:
+        err = r.json()["error"]
+        assert isinstance(err, str) if path.startswith("/api/") else err["type"] == "invalid_request_error"

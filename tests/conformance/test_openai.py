@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conformance.fuzz import bodies
+from tests.conformance.agent_model import AGENT_NAME
+from tests.conformance.fuzz import bodies, openai_chat_bodies
 from tests.integration.conftest import MODEL_NAME, MODEL_REF
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
@@ -76,6 +77,87 @@ def test_errors_in_openai_shape(base_url: str) -> None:
         client.responses.create(model="nope:1b", input="x")
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL_NAME, input=5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": [{"content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+         "tools[0].function"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": "x"}, "tools"),
+        ({"messages": [{"role": "assistant", "tool_calls": "x"}, {"role": "user", "content": "x"}]},
+         "messages[0].tool_calls"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
+    ],
+)
+def test_malformed_chat_bodies_are_openai_400s(base_url: str, body: dict[str, object], param: str) -> None:
+    """Shapes llama-server would answer with a 500 (or accept): OpenAI's 400, naming the param."""
+    with pytest.raises(openai.BadRequestError) as bad:
+        _client(base_url).chat.completions.create(model=MODEL_NAME, **body)  # type: ignore[call-overload]
+    assert bad.value.param == param and bad.value.code is None
+    assert bad.value.type == "invalid_request_error"
+
+
+def test_capability_errors_on_v1(base_url: str) -> None:
+    client = _client(base_url)
+    tools: object = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    with pytest.raises(openai.BadRequestError, match=f"{MODEL_NAME} does not support tools"):
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "x"}],
+                                       tools=tools)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match=f'"{MODEL_NAME}" does not support thinking'):
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "x"}],
+                                       reasoning_effort="high")
+    with pytest.raises(openai.BadRequestError, match=f"{MODEL_NAME} does not support tools"):
+        client.responses.create(model=MODEL_NAME, input="x", tools=[  # type: ignore[list-item]
+            {"type": "function", "name": "f", "parameters": {}}])
+    # the agent model renders tools: the same request is served
+    reply = client.chat.completions.create(model=AGENT_NAME, max_tokens=2, reasoning_effort="none",
+                                           messages=[{"role": "user", "content": "x"}],
+                                           tools=tools)  # type: ignore[arg-type]
+    assert reply.choices[0].finish_reason in {"length", "stop", "tool_calls"}
+
+
+WAV = "UklGRiQAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YQAAAAA="
+
+
+@pytest.mark.parametrize(
+    ("model", "messages", "message"),
+    [
+        # well-formed, but SmolLM2 has no audio projector: llama-server's 500 is the client's fault
+        (MODEL_NAME, [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}}]}],
+         "audio input is not supported"),
+        # arguments must be a string (they are), but llama-server parses them as JSON for this template
+        (AGENT_NAME, [{"role": "user", "content": "x"},
+                      {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                                                            "function": {"name": "f", "arguments": "{bad"}}]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "r"}],
+         "Failed to parse tool call arguments as JSON"),
+    ],
+)
+def test_llama_server_500s_that_are_bad_requests_become_400s(base_url: str, model: str,
+                                                             messages: list[object], message: str) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        _client(base_url).chat.completions.create(model=model, max_tokens=2,
+                                                  messages=messages)  # type: ignore[arg-type]
+    assert bad.value.status_code == 400 and bad.value.type == "invalid_request_error"
+    assert message in bad.value.message
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=openai_chat_bodies(MODEL_NAME) | openai_chat_bodies(AGENT_NAME))
+def test_fuzzed_chat_shapes_never_500(base_url: str, body: bytes) -> None:
+    r = httpx.post(base_url + "/v1/chat/completions", content=body, timeout=60)
+    assert r.status_code < 500, r.text
+    if r.status_code >= 400:
+        err = r.json()["error"]
+        assert isinstance(err["message"], str)
+        if r.status_code == 400:
+            assert err["type"] == "invalid_request_error"
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

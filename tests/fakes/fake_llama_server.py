@@ -14,6 +14,8 @@ Environment variables:
     FAKE_LOAD_GATE=PATH        also stay "loading" until PATH exists (checked, with a progress line, every
                                FAKE_LOAD_LOG_INTERVAL seconds): a test decides when the load finishes.
     FAKE_EXIT_ON_LOAD=N        print a few load-error lines and exit with code N while loading.
+    FAKE_OOM_ABOVE_CTX=N       a per-slot context above N tokens fails the load as llama.cpp does when the KV
+                               cache does not fit (``ggml_aligned_malloc: insufficient memory ...``, exit 1).
     FAKE_SILENT_HANG=1         print nothing at all and never become ready (stall-timeout tests).
     FAKE_CRASH_AFTER_TOKENS=N  SIGKILL itself after sending N generated tokens in one response.
     FAKE_IGNORE_SIGTERM=1      ignore SIGTERM (only SIGKILL stops it). Otherwise SIGTERM exits 0.
@@ -484,6 +486,16 @@ def main(argv: list[str]) -> int:
         log(f"srv    load_model: failed to load model, '{settings.model}'")
         log("srv    llama_server: exiting due to model loading error")
         return int(exit_code)
+    oom_above = os.environ.get("FAKE_OOM_ABOVE_CTX")
+    if oom_above is not None and settings.n_ctx_slot > int(oom_above):
+        kv = settings.n_ctx_slot * settings.slots * 24 * 1024  # bytes, as if 24 KiB per token
+        log(f"ggml_aligned_malloc: insufficient memory (attempted to allocate {kv / 2**20:.2f} MB)")
+        log(f"ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size {kv}")
+        log("llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache")
+        log(f"common_init_from_params: failed to create context with model '{settings.model}'")
+        log(f"srv    load_model: failed to load model, '{settings.model}'")
+        log("srv  llama_server: exiting due to model loading error")
+        return 1
     delay = float(os.environ.get("FAKE_LOAD_DELAY", "0"))
     interval = float(os.environ.get("FAKE_LOAD_LOG_INTERVAL", "0.1"))
     deadline = time.monotonic() + delay

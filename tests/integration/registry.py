@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import ssl
 import subprocess
@@ -15,10 +17,39 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 
+from llmman.refs import Reference
+from llmman.store import Store
+from llmman.store import mediatypes as mt
 from tests.integration.daemons import free_port
 
 USER, PASSWORD = "tester", "secret"
+
+
+def gemma_file() -> Path:
+    """Gemma 3 270M Q4_K_M (253 MB; ``scripts/setup.sh --test`` fetches it), or skip (fail under CI)."""
+    path = Path.home() / ".cache/llmman/models/gemma-3-270m-q4_k_m.gguf"
+    if not path.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must have {path}: run scripts/setup.sh --test")
+        pytest.skip(f"{path} missing: run scripts/setup.sh --test")
+    return path
+
+
+def docker_artifact(store: Store, ref: Reference, gguf: Path) -> str:
+    """Store ``gguf`` as a Docker Model Runner artifact (``application/vnd.docker.ai.gguf.v3``) named
+    ``ref``; returns the manifest digest."""
+    with gguf.open("rb") as f:
+        layer = store.write_blob(f)
+    config = json.dumps({"config": {"format": "gguf"}}).encode()
+    config_digest = store.write_blob([config])
+    manifest = {
+        "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST,
+        "config": {"mediaType": mt.DOCKER_AI_CONFIG, "digest": config_digest, "size": len(config)},
+        "layers": [{"mediaType": mt.DOCKER_AI_GGUF, "digest": layer, "size": gguf.stat().st_size}],
+    }
+    return store.put_manifest(ref, json.dumps(manifest).encode(), mt.OCI_MANIFEST).digest
 
 
 def available() -> bool:
@@ -37,6 +68,11 @@ class Registry:
     def blob_gets(self, repository: str, digest: str) -> int:
         """How many ``GET /v2/<repository>/blobs/<digest>`` the access log shows so far."""
         return self.log.read_text(errors="replace").count(f'"GET /v2/{repository}/blobs/{digest} ')
+
+    def requests(self, method: str, path_prefix: str) -> list[str]:
+        """The access-log lines of ``method`` requests whose path starts with ``path_prefix``."""
+        needle = f'"{method} {path_prefix}'
+        return [line for line in self.log.read_text(errors="replace").splitlines() if needle in line]
 
     def stop(self) -> None:
         if self.process.poll() is None:

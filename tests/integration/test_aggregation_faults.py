@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import signal
 import socket
 import threading
@@ -132,10 +133,16 @@ def test_silent_and_wrong_key_peers_are_skipped_once(cluster: Cluster) -> None:
     assert chat(cluster.b.url, headers=HOP) == (200, REPLY)  # tiny is now loaded on b
     for _ in range(3):
         assert chat(cluster.a.url) == (200, REPLY)
+    for _ in range(2):  # /api/show always probes (no recent-placement shortcut): the peers are asked again
+        r = httpx.post(cluster.a.url + "/api/show", json={"model": "tiny"}, headers=KEY, timeout=30)
+        assert r.status_code == 200, r.text
     log = cluster.a.log_text()
+    assert log.count(f"placement of {TINY}: [") >= 3, log
     hang, wrong = cluster.hang.netloc, cluster.name(cluster.wrong)
     assert f"skipping peer {wrong}: /llmman/node answered 401" in log
-    # the silent peer cost the first request its 3 s probe, and no later request waited for it
+    # the silent peer cost the first request its 3 s probe, and no later request waited for it: a
+    # synchronous probe logs each skip, and there is one (re-probes happen in the background)
+    assert f"skipping peer {hang}: TimeoutError" in log
     assert log.count(f"skipping peer {hang}:") == 1, log
     assert log.count(f"skipping peer {wrong}:") == 1
     assert cluster.hang.conns  # it was asked
@@ -151,6 +158,20 @@ def test_twelve_streams_land_where_the_model_is_loaded(cluster: Cluster) -> None
     assert posts(cluster.b) - before == 12
     assert len(cluster.b.children()) == 1
     assert not cluster.a.children() and not cluster.c.children()
+
+
+def test_forwards_one_after_another_share_a_keep_alive_connection(cluster: Cluster) -> None:
+    """b's access log names each request's client port: forwards read to the end give their connection
+    back to a's pool, so five forwards in a row open at most one new connection to b."""
+    assert chat(cluster.b.url, headers=HOP) == (200, REPLY)
+    before = cluster.b.log_text()
+    seen = set(re.findall(r':(\d+) - "', before))
+    for _ in range(5):
+        assert chat(cluster.a.url) == (200, REPLY)
+    after = cluster.b.log_text()[len(before):]
+    seen |= set(re.findall(r':(\d+) - "GET /llmman/node', after))  # probes share the pool
+    ports = re.findall(r':(\d+) - "POST /api/chat HTTP/1.1"', after)
+    assert len(ports) == 5 and len(set(ports) - seen) <= 1, (ports, seen)
 
 
 def test_nodes_naming_each_other_never_bounce(cluster: Cluster) -> None:

@@ -116,11 +116,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         ref("slowload"): {"FAKE_LOAD_GATE": str(gate)},
         ref("abandoned"): {"FAKE_LOAD_GATE": str(tmp / "abandoned.go")},
         ref("drip"): {"FAKE_TOKEN_DELAY": "0.05", "FAKE_REPLY": LONG_REPLY, "FAKE_SPLIT_BYTES": "0"},
+        ref("oomy"): {"FAKE_OOM_ABOVE_CTX": "1024"},
     }
     env = {"FAKE_REPLY": REPLY, "FAKE_SPLIT_BYTES": "1", "FAKE_PER_MODEL": json.dumps(per_model),
            "LLMMAN_LOAD_TIMEOUT": "1s", "LLMMAN_SHUTDOWN_GRACE": "5s"}  # fmt: skip
     d = fake_daemon(tmp, env, ("tiny", "crashy", "badload", "hang", "slowload", "abandoned", "drip",
-                                "pinned"))
+                                "pinned", "oomy"))
     yield d
     if d.process.poll() is None:
         d.stop(signal.SIGTERM)
@@ -306,6 +307,22 @@ def test_child_exiting_while_loading_is_a_500_with_its_last_lines(daemon: Daemon
     assert "fake failure" in oai.json()["error"]["message"]
     assert "corrupt or unsupported model file" in oai.json()["error"]["message"]
     assert {p.pid for p in llama_children(daemon)} <= before
+
+
+def test_out_of_memory_load_is_retried_once_with_half_the_context(daemon: Daemon,
+                                                                 client: httpx.Client) -> None:  # fmt: skip
+    body = chat("oomy", stream=False, options={"num_ctx": 2048})
+    resp = client.post("/api/chat", json=body)
+    assert resp.status_code == 200, resp.text
+    entry = ps_entry(daemon, "oomy")
+    assert entry is not None and entry["context_length"] == 1024
+    argv = psutil.Process(entry["pid"]).cmdline()
+    slots = int(argv[argv.index("-np") + 1])
+    assert argv[argv.index("-c") + 1] == str(1024 * slots)  # the child itself has the smaller context
+    assert ("docker.io/ai/oomy:latest ran out of memory with n_ctx 2048; retrying once with n_ctx 1024"
+            in daemon.log_text())
+    again = client.post("/api/chat", json=body)  # the same num_ctx again: no reload, no second OOM
+    assert again.status_code == 200 and ps_entry(daemon, "oomy")["pid"] == entry["pid"]  # type: ignore[index]
 
 
 def test_silent_hang_hits_the_load_timeout_then_a_good_load_works(daemon: Daemon,

@@ -32,10 +32,18 @@ def gemma_file(model_file: Path) -> Path:
     return path
 
 
+def _variant(model_file: Path, tmp: Path) -> Path:
+    """SmolLM2 with 64 zero bytes after its tensor data: another blob, so another child (a plain copy of
+    the same file would share SMOL's child, see ModelPlan.child)."""
+    path = tmp / "smol-variant.gguf"
+    path.write_bytes(model_file.read_bytes() + bytes(64))
+    return path
+
+
 def _daemon(tmp: Path, model_file: Path, gemma_file: Path, **env: str) -> Daemon:
     store = Store(tmp / "store")
     store.build(parse_reference(SMOL), model_file)
-    store.build(parse_reference(SMOL2), model_file)
+    store.build(parse_reference(SMOL2), _variant(model_file, tmp))
     store.build(parse_reference(GEMMA), gemma_file)
     base = {"LLMMAN_NUM_PARALLEL": "1", "LLMMAN_CONTEXT_LENGTH": "2048", "LLMMAN_MEMORY": "400MB"}
     return start_daemon(tmp, extra_env=base | env)

@@ -1,7 +1,7 @@
 """Pull through real daemons: ``/api/pull`` progress, pull-on-demand, ``/v2/`` between nodes, the CLI.
 
-A real registry holds SmolLM2 (pushed by the store-level tests' recipe); daemons run with
-``LLMMAN_INSECURE_REGISTRIES`` naming it.
+A real registry holds SmolLM2 (pushed by the store-level tests' recipe) and Gemma 3 270M (as a ModelPack
+and as a Docker model artifact); daemons run with ``LLMMAN_INSECURE_REGISTRIES`` naming it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from llmman.refs import parse_reference
 from llmman.registry.push import push
 from llmman.store import Store
 from tests.integration.daemons import Daemon, start_daemon
-from tests.integration.registry import Registry, available, start_registry
+from tests.integration.registry import Registry, available, docker_artifact, gemma_file, start_registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(not available(), reason="docker-registry missing")]
 
@@ -39,6 +39,23 @@ def registry(tmp_path_factory: pytest.TempPathFactory, model_file: Path) -> Iter
     mp.undo()
     yield reg
     reg.stop()
+
+
+@pytest.fixture(scope="module")
+def gemma(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Gemma 3 270M pushed as ModelPack (``ai/gemma3:270m``) and Docker artifact (``ai/gemma3:docker``);
+    returns name -> manifest digest."""
+    path = gemma_file()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LLMMAN_INSECURE_REGISTRIES", registry.host)
+    store = Store(tmp_path_factory.mktemp("gemma") / "store")
+    pack = parse_reference(f"{registry.host}/ai/gemma3:270m")
+    dock = parse_reference(f"{registry.host}/ai/gemma3:docker")
+    digests = {str(pack): store.build(pack, path).digest, str(dock): docker_artifact(store, dock, path)}
+    for ref in (pack, dock):
+        assert push(store, ref, None, lambda _: None) == digests[str(ref)]
+    mp.undo()
+    return digests
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +111,11 @@ def test_pull_on_demand_once_then_served(node: Daemon, registry: Registry) -> No
 
 def test_unpullable_model_is_a_quick_404(node: Daemon, registry: Registry) -> None:
     with node.client() as c:
-        r = c.post("/api/chat", json={"model": f"{registry.host}/ai/none:1", "messages": []})
+        hi = [{"role": "user", "content": "hi"}]
+        r = c.post("/api/chat", json={"model": f"{registry.host}/ai/none:1", "messages": hi})
         assert r.status_code == 404
         assert r.json()["error"].startswith(f"model '{registry.host}/ai/none:1' not found: ")
-        r = c.post("/v1/chat/completions", json={"model": "127.0.0.1:1/ai/x:1", "messages": []})
+        r = c.post("/v1/chat/completions", json={"model": "127.0.0.1:1/ai/x:1", "messages": hi})
         assert r.status_code == 404 and "not found" in r.json()["error"]["message"]
 
 
@@ -143,3 +161,16 @@ def test_cli_pull_without_daemon(tmp_path: Path, registry: Registry, node: Daemo
                           f"{registry.host}/ai/absent:1"], env=env, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 1 and "not found" in bad.stderr
+
+
+def test_gemma_both_artifact_kinds_pulled_back_and_served(node: Daemon, gemma: dict[str, str]) -> None:
+    with node.client() as c:
+        for name, digest in gemma.items():
+            r = c.post("/api/pull", json={"model": name, "stream": False})
+            assert r.status_code == 200, r.text
+            tags = {m["name"]: m["digest"] for m in c.get("/api/tags").json()["models"]}
+            assert tags[name] == digest.removeprefix("sha256:")  # the digest that was pushed
+            body = {"model": name, "prompt": "Say hi", "stream": False, "options": {"num_predict": 4}}
+            answer = c.post("/api/generate", json=body, timeout=300)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["done"] is True and answer.json()["eval_count"] >= 1

@@ -18,15 +18,22 @@ from typing import Any
 import pytest
 
 from llmman.errors import LlmmanError, StoreError
-from llmman.refs import Reference, parse_reference
-from llmman.registry import download
+from llmman.refs import parse_reference
+from llmman.registry import download, splice
 from llmman.registry.client import RegistryAuthError, RegistryNotFound
 from llmman.registry.credentials import Credential, CredentialStore
 from llmman.registry.puller import Puller
 from llmman.registry.push import push
 from llmman.store import Store
 from llmman.store import mediatypes as mt
-from tests.integration.registry import PASSWORD, USER, Registry, available, start_registry
+from tests.integration.registry import (
+    PASSWORD,
+    USER,
+    Registry,
+    available,
+    docker_artifact,
+    start_registry,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(not available(), reason="docker-registry missing")]
 
@@ -41,20 +48,6 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 @pytest.fixture(autouse=True)
 def _insecure(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMMAN_INSECURE_REGISTRIES", registry.host)
-
-
-def docker_artifact(store: Store, ref: Reference, gguf: Path) -> str:
-    """Store ``gguf`` as a Docker Model Runner artifact (``application/vnd.docker.ai.gguf.v3``)."""
-    with gguf.open("rb") as f:
-        layer = store.write_blob(f)
-    config = json.dumps({"config": {"format": "gguf"}}).encode()
-    config_digest = store.write_blob([config])
-    manifest = {
-        "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST,
-        "config": {"mediaType": mt.DOCKER_AI_CONFIG, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": mt.DOCKER_AI_GGUF, "digest": layer, "size": gguf.stat().st_size}],
-    }
-    return store.put_manifest(ref, json.dumps(manifest).encode(), mt.OCI_MANIFEST).digest
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +92,17 @@ def test_missing_repository_is_not_found(tmp_path: Path, registry: Registry) -> 
     assert store.list() == []
 
 
+@pytest.mark.parametrize("path", ["splice", "buffered"])
 def test_resume_from_partial(tmp_path: Path, registry: Registry, pushed: dict[str, str],
-                             model_file: Path) -> None:
+                             model_file: Path, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    used: list[bool] = []
+    real = splice.usable
+
+    def spy(*args: Any) -> bool:
+        used.append(path == "splice" and real(*args))
+        return used[-1]
+
+    monkeypatch.setattr(splice, "usable", spy)
     store = Store(tmp_path / "store")
     digest = "sha256:" + hashlib.sha256(model_file.read_bytes()).hexdigest()
     half = model_file.stat().st_size // 2
@@ -114,6 +116,7 @@ def test_resume_from_partial(tmp_path: Path, registry: Registry, pushed: dict[st
     first = next(line for line in lines if line.get("digest") == digest)
     assert first["completed"] == half  # resumed where the earlier pull stopped
     assert not partial.exists()
+    assert used and all(used) == (path == "splice")  # plain HTTP takes the splice path unless barred
 
 
 def test_corrupt_blob_fails_and_leaves_index(tmp_path: Path, registry: Registry, pushed: dict[str, str],
@@ -173,6 +176,33 @@ def test_concurrent_pulls_download_once(tmp_path: Path, registry: Registry, push
     # Both models share the GGUF layer: it was downloaded once.
     assert len(calls) == len(set(calls))
     assert {m.digest for m in results} == {pushed["pack"], pushed["docker"]}
+
+
+def test_push_to_a_second_repository_mounts_the_blobs(tmp_path: Path, registry: Registry,
+                                                       model_file: Path) -> None:
+    store = Store(tmp_path / "store")
+    first = parse_reference(f"{registry.host}/ai/mount-a:1")
+    second = parse_reference(f"{registry.host}/ai/mount-b:1")
+    digest = store.build(first, model_file).digest
+    push(store, first, None, lambda _: None)
+    assert registry.requests("PUT", "/v2/ai/mount-a/blobs/uploads/")  # the first push uploaded
+    store.tag(first, second)
+    assert push(store, second, None, lambda _: None) == digest
+    mounts = registry.requests("POST", "/v2/ai/mount-b/blobs/uploads/?mount=")
+    assert mounts and all("from=ai%2Fmount-a" in line and '" 201 ' in line for line in mounts)
+    assert not registry.requests("PUT", "/v2/ai/mount-b/blobs/uploads/")  # no blob bytes sent again
+    assert Puller(Store(tmp_path / "back")).pull(second).digest == digest
+    # A stored name whose repository the registry lacks: the refused mount's upload session is used.
+    never, third = (parse_reference(f"{registry.host}/ai/{r}:1") for r in ("mount-never", "mount-c"))
+    store.tag(first, never)
+    store.remove(first)
+    store.remove(second)
+    store.tag(never, third)
+    assert push(store, third, None, lambda _: None) == digest
+    refused = registry.requests("POST", "/v2/ai/mount-c/blobs/uploads/?mount=")
+    assert refused and all("from=ai%2Fmount-never" in line and '" 202 ' in line for line in refused)
+    assert len(registry.requests("POST", "/v2/ai/mount-c/blobs/uploads/")) == len(refused)  # no extra POST
+    assert len(registry.requests("PUT", "/v2/ai/mount-c/blobs/uploads/")) == len(refused)
 
 
 @pytest.fixture(scope="module")

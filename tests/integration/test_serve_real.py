@@ -168,7 +168,8 @@ def test_bad_requests_in_ollama_dialect(daemon: Daemon, path: str, body: bytes, 
 
 @pytest.mark.parametrize(
     ("body", "status"),
-    [(b"{not json", 400), (b'{"messages": []}', 400), (b'{"model": "nope:1b", "messages": []}', 404)],
+    [(b"{not json", 400), (b'{"messages": []}', 400), (b'{"model": "nope:1b", "messages": []}', 400),
+     (b'{"model": "nope:1b", "messages": [{"role": "user", "content": "x"}]}', 404)],
 )
 def test_bad_requests_in_openai_dialect(daemon: Daemon, body: bytes, status: int) -> None:
     with daemon.client() as c:

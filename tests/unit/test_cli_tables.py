@@ -115,6 +115,12 @@ def test_format_until_missing_and_far_future_strings() -> None:
     ("entry", "text"),
     [
         ({"processor": "llama-server", "size": 10, "size_vram": 0}, "llama-server"),
+        ({"processor": "llama-server", "size": 10, "size_vram": 10}, "llama-server"),
+        ({"processor": "llama-server (loading)", "size": 10, "size_vram": 0}, "llama-server (loading)"),
+        ({"size": 10, "size_vram": 0}, "100% CPU"),
+        ({"size": 10, "size_vram": 10}, "100% GPU"),
+        ({"processor": "failed (out of memory)", "size": 0, "size_vram": 0}, "failed (out of memory)"),
+        ({"size": 0, "size_vram": 0}, "100% CPU"),
         ({"size": 100, "size_vram": 0}, "100% CPU"),
         ({"size": 100, "size_vram": 100}, "100% GPU"),
         ({"size": 100, "size_vram": 52}, "48%/52% CPU/GPU"),

@@ -138,6 +138,7 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_LLAMA_SERVER": "/opt/llama/bin/llama-server",
         "LLMMAN_SHUTDOWN_GRACE": "500ms",
         "LLMMAN_HEALTH_INTERVAL": "2s",
+        "LLMMAN_RESTART_BACKOFF": "250ms",
         "LLMMAN_DEBUG": "yes",
         "LLMMAN_MEMORY": "24GB",
         "LLMMAN_MEMORY_RESERVE": "512MiB",
@@ -158,7 +159,7 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
     assert (s.keep_alive, s.num_parallel, s.context_length) == (300.0, 8, 256)
     assert (s.max_loaded_models, s.max_queue, s.load_timeout) == (2, 1, 5400.0)
     assert s.llama_server == "/opt/llama/bin/llama-server"
-    assert (s.shutdown_grace, s.health_interval) == (0.5, 2.0)
+    assert (s.shutdown_grace, s.health_interval, s.restart_backoff) == (0.5, 2.0, 0.25)
     assert s.debug is True
     assert (s.memory, s.reserve) == (24 * 10**9, 512 * 2**20)
     assert s.offline is True

@@ -108,6 +108,50 @@ async def test_breaker_stops_restarting_a_model_that_keeps_crashing(launcher: Fa
     await sched.close()
 
 
+async def test_pinned_model_that_fails_to_load_is_retried_until_the_breaker_opens() -> None:
+    attempts: list[int] = []
+
+    async def launch(p, on_exit):  # type: ignore[no-untyped-def]
+        attempts.append(p.n_ctx)
+        error = RunnerError("error loading model: tensor 'token_embd.weight' not found")
+        error.cause = "corrupt or unsupported model file"
+        raise error
+
+    sched = Scheduler(launch, default_keep_alive=300, heal_base=0.01)  # cool-downs 0.05 s .. 0.6 s
+    with pytest.raises(RunnerError):  # the first try fails the request that asked for it
+        await sched.acquire(plan(), keep_alive=math.inf)
+    await until(lambda: (f := sched.healer.failures.get(plan().key)) is not None and f.broken)
+    await asyncio.sleep(0.05)  # past any further backoff: nothing retries once the breaker is open
+    assert len(attempts) == healing.BREAKER_AFTER and sched.snapshot() == []
+    with pytest.raises(ServiceUnavailable) as caught:  # requests meanwhile spawn nothing either
+        await sched.acquire(plan())
+    assert "breaker open" in caught.value.message and len(attempts) == healing.BREAKER_AFTER
+    await sched.close()
+
+
+async def test_unloading_a_failing_pinned_model_cancels_its_retry(launcher: FakeLauncher) -> None:
+    sched = Scheduler(launcher, default_keep_alive=300, heal_base=0.01)  # first retry after 0.05 s
+    launcher.fail_with = RunnerError("exited")
+    with pytest.raises(RunnerError):
+        await sched.acquire(plan(), keep_alive=math.inf)
+    assert await sched.unload(plan().reference) is False  # not loaded, but its failures are forgotten
+    launcher.entered.clear()
+    await asyncio.sleep(0.2)  # past the retry it had scheduled
+    assert not launcher.entered.is_set() and sched.snapshot() == []
+    await sched.close()
+
+
+async def test_unpinned_model_that_fails_to_load_is_not_retried_by_itself(launcher: FakeLauncher) -> None:
+    sched = Scheduler(launcher, default_keep_alive=300, heal_base=0.001)
+    launcher.fail_with = RunnerError("exited")
+    with pytest.raises(RunnerError):
+        await sched.acquire(plan())
+    launcher.entered.clear()
+    await asyncio.sleep(0.05)
+    assert not launcher.entered.is_set()
+    await sched.close()
+
+
 async def test_out_of_memory_load_is_retried_once_with_half_the_context() -> None:
     contexts: list[int] = []
     inner = FakeLauncher()
@@ -124,6 +168,8 @@ async def test_out_of_memory_load_is_retried_once_with_half_the_context() -> Non
     lease = await sched.acquire(plan(n_ctx=2048))
     assert contexts == [2048, 1024] and sched.snapshot()[0].n_ctx == 1024
     lease.release()
+    (await sched.acquire(plan(n_ctx=2048))).release()  # the same context again: no reload, no second OOM
+    assert contexts == [2048, 1024]
     with pytest.raises(RunnerError):  # 8192 -> 4096 still does not fit: one retry only
         await sched.acquire(plan("docker.io/ai/b:1", n_ctx=8192))
     assert contexts[2:] == [8192, 4096]

@@ -96,3 +96,112 @@ def test_fix_message_and_upstream_errors() -> None:
     assert upstream_error(500, body) == (400, {"type": "error", "error": {
         "type": "invalid_request_error", "message": "image input is not supported - hint"}})
     assert upstream_error(503, b"Loading")[1]["error"] == {"type": "overloaded_error", "message": "Loading"}
+
+
+# Recorded from llama-server b11434 /v1/messages with a thinking template (SmolLM2 with a ``<think>``
+# generation prompt), ``thinking: {type: enabled, budget_tokens: 3}``: the thinking budget runs out, the text
+# block opens while the thinking block is still open, and both are closed only at the end.
+THINKING = (
+    'event: message_start\ndata: {"type":"message_start","message":{"id":"chatcmpl-1JvFgHov",'
+    '"type":"message","role":"assistant","content":[],"model":"smolthink","stop_reason":null,"stop_sequence":null,'
+    '"usage":{"cache_read_input_tokens":13,"input_tokens":1,"output_tokens":0}}}\n\n'
+    'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+    '"content_block":{"type":"thinking","thinking":""}}\n\n'
+    'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    '"delta":{"type":"thinking_delta","thinking":"\\nI pense à ✓"}}\n\n'
+    'event: content_block_start\ndata: {"type":"content_block_start","index":1,'
+    '"content_block":{"type":"text","text":""}}\n\n'
+    'event: content_block_delta\ndata: {"type":"content_block_delta","index":1,'
+    '"delta":{"type":"text_delta","text":"I"}}\n\n'
+    'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    '"delta":{"type":"signature_delta","signature":""}}\n\n'
+    'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+    'event: content_block_stop\ndata: {"type":"content_block_stop","index":1}\n\n'
+    'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"max_tokens",'
+    '"stop_sequence":null},"usage":{"output_tokens":8}}\n\n'
+    'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+).encode()
+
+
+def _shape(events: list[tuple[str, dict[str, object]]]) -> list[tuple[object, ...]]:
+    """(event, index, block or delta type) for each event."""
+    out: list[tuple[object, ...]] = []
+    for name, data in events:
+        inner = data.get("content_block") or data.get("delta")
+        out.append((name, data.get("index"), inner.get("type") if isinstance(inner, dict) else None))
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 5, 64, len(THINKING)])
+def test_thinking_then_text_blocks_come_one_after_the_other(size: int) -> None:
+    """As Anthropic streams them: thinking_delta..., signature_delta, stop 0, then the text block."""
+    events = _run([THINKING[i:i + size] for i in range(0, len(THINKING), size)])
+    assert _shape(events) == [
+        ("message_start", None, None), ("ping", None, None),
+        ("content_block_start", 0, "thinking"),
+        ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_delta", 0, "signature_delta"),
+        ("content_block_stop", 0, None),
+        ("content_block_start", 1, "text"),
+        ("content_block_delta", 1, "text_delta"),
+        ("content_block_stop", 1, None),
+        ("message_delta", None, None),
+        ("message_stop", None, None),
+    ]
+    assert events[3][1]["delta"] == {"type": "thinking_delta", "thinking": "\nI pense à ✓"}
+    assert events[4][1]["delta"] == {"type": "signature_delta", "signature": ""}
+
+
+def test_thinking_block_without_signature_gets_one_and_open_block_closes_at_message_delta() -> None:
+    stream = (
+        b'data: {"type":"message_start","message":{"id":"chatcmpl-x","content":[]}}\n\n'
+        b'data: {"type":"content_block_start","index":0,'
+        b'"content_block":{"type":"thinking","thinking":""}}\n\n'
+        b'data: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"thinking_delta","thinking":"hm"}}\n\n'
+        b'data: {"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":1}}\n\n'
+        b'data: {"type":"content_block_stop","index":0}\n\n'
+        b'data: {"type":"message_stop"}\n\n'
+    )
+    assert [(n, i, t) for n, i, t in _shape(_run([stream]))] == [
+        ("message_start", None, None), ("ping", None, None), ("content_block_start", 0, "thinking"),
+        ("content_block_delta", 0, "thinking_delta"), ("content_block_delta", 0, "signature_delta"),
+        ("content_block_stop", 0, None), ("message_delta", None, None), ("message_stop", None, None),
+    ]
+
+
+def test_text_then_tool_use_blocks_are_sequential_too() -> None:
+    stream = (
+        b'data: {"type":"message_start","message":{"id":"chatcmpl-y","content":[]}}\n\n'
+        b'data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}\n\n'
+        b'data: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"Let me check."}}\n\n'
+        b'data: {"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"call_1",'
+        b'"name":"get_weather","input":{}}}\n\n'
+        b'data: {"type":"content_block_delta","index":1,'
+        b'"delta":{"type":"input_json_delta","partial_json":"{\\"c"}}\n\n'
+        b'data: {"type":"content_block_delta","index":1,'
+        b'"delta":{"type":"input_json_delta","partial_json":"ity\\":1}"}}\n\n'
+        b'data: {"type":"content_block_stop","index":0}\n\n'
+        b'data: {"type":"content_block_stop","index":1}\n\n'
+        b'data: {"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":9}}\n\n'
+        b'data: {"type":"message_stop"}\n\n'
+    )
+    assert _shape(_run([stream]))[2:9] == [
+        ("content_block_start", 0, "text"), ("content_block_delta", 0, "text_delta"),
+        ("content_block_stop", 0, None), ("content_block_start", 1, "tool_use"),
+        ("content_block_delta", 1, "input_json_delta"), ("content_block_delta", 1, "input_json_delta"),
+        ("content_block_stop", 1, None),
+    ]
+
+
+def test_a_matched_stop_sequence_is_stop_reason_stop_sequence() -> None:
+    answer = {"id": "chatcmpl-z", "stop_reason": "end_turn", "stop_sequence": "."}
+    assert fix_message(answer, "m")["stop_reason"] == "stop_sequence"
+    assert fix_message({**answer, "stop_sequence": None}, "m")["stop_reason"] == "end_turn"
+    stream = (b'data: {"type":"message_start","message":{"id":"chatcmpl-z","content":[]}}\n\n'
+              b'data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":"!"},'
+              b'"usage":{"output_tokens":3}}\n\n'
+              b'data: {"type":"message_stop"}\n\n')
+    delta = next(d for n, d in _run([stream]) if n == "message_delta")
+    assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "!"}

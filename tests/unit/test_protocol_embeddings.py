@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import math
+import struct
 
 import pytest
 
 from llmman.errors import BadRequest, LlmmanError
-from llmman.protocol.embeddings import embed_request, legacy_request, vectors
+from llmman.protocol.embeddings import embed_request, legacy_request, shorten_answer, vectors
 
 ANSWER = {"model": "x", "object": "list", "usage": {"prompt_tokens": 3, "total_tokens": 3},
           "data": [{"embedding": [0.0, 0.6, 0.8], "index": 1, "object": "embedding"},
@@ -41,3 +43,26 @@ def test_vectors_ordered_and_cut() -> None:
     assert math.isclose(sum(v * v for v in cut[0]), 1.0)
     with pytest.raises(LlmmanError):
         vectors({"data": [{"embedding": "base64"}]})
+
+
+@pytest.mark.parametrize("dims", [0, -1, -8, 1.5, "8", True, [4]])
+def test_embed_dimensions_must_be_a_positive_integer(dims: object) -> None:
+    with pytest.raises(BadRequest, match="dimensions must be a positive integer"):
+        embed_request({"model": "m", "input": "x", "dimensions": dims})
+
+
+def _b64(values: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+
+
+def test_shorten_openai_answer_float_and_base64() -> None:
+    cut = shorten_answer(ANSWER, 2)
+    assert isinstance(cut, dict)
+    assert [row["embedding"] for row in cut["data"]] == [[0.0, 1.0], [0.6, 0.8]]
+    assert cut["usage"] == ANSWER["usage"] and cut["model"] == "x"
+    assert shorten_answer(ANSWER, 10) == ANSWER  # rows already short enough stay as they are
+    encoded = {"data": [{"embedding": _b64([0.0, 3.0, 4.0]), "index": 0}]}
+    row = shorten_answer(encoded, 2)["data"][0]  # type: ignore[index]
+    assert struct.unpack("<2f", base64.b64decode(row["embedding"])) == (0.0, 1.0)
+    assert shorten_answer({"data": [{"embedding": "%%%"}]}, 2) == {"data": [{"embedding": "%%%"}]}
+    assert shorten_answer({"error": "x"}, 2) == {"error": "x"}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import base64
+import re
 
 import orjson
 import pytest
 
 from llmman.errors import BadRequest
 from llmman.protocol.ollama import RunnerOptions
-from llmman.protocol.ollama_request import chat_request, generate_request, image_url
+from llmman.protocol.ollama_request import chat_request, generate_request, image_url, with_default_think
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 8).decode()
 JPEG = base64.b64encode(b"\xff\xd8\xff\xe0" + b"\0" * 8).decode()
@@ -321,3 +322,44 @@ def test_generate_bad_requests(body: dict[str, object], message: str) -> None:
     with pytest.raises(BadRequest) as err:
         generate_request({"model": "m", **body})
     assert str(err.value) == message or message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "caps", "think", "kwargs"),
+    [
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, ("completion", "thinking"), True,
+         {"enable_thinking": True}),
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, ("completion",), None, None),
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "think": False},
+         ("completion", "thinking"), False, {"enable_thinking": False}),
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "think": "low"},
+         ("completion", "thinking"), "low", {"enable_thinking": True, "reasoning_effort": "low"}),
+        ({"model": "m", "messages": []}, ("completion", "thinking"), None, None),  # a load: nothing to think
+    ],
+)
+def test_thinking_is_on_by_default_for_thinking_models(body: dict[str, object], caps: tuple[str, ...],
+                                                       think: object, kwargs: object) -> None:  # fmt: skip
+    req = with_default_think(chat_request(body), caps)
+    assert req.think == think and req.body.get("chat_template_kwargs") == kwargs
+
+
+def test_default_think_also_for_generate_but_not_raw() -> None:
+    caps = ("completion", "thinking")
+    req = with_default_think(generate_request({"model": "m", "prompt": "hi"}), caps)
+    assert req.think is True and req.body["chat_template_kwargs"] == {"enable_thinking": True}
+    raw = with_default_think(generate_request({"model": "m", "prompt": "hi", "raw": True}), caps)
+    assert raw.think is None and "chat_template_kwargs" not in raw.body
+
+
+@pytest.mark.parametrize(
+    ("tools", "message"),
+    [
+        ([{"type": "function"}], "tools[0].function"),
+        ([{"type": "function", "function": {"name": 5}}], "tools[0].function.name"),
+        ([{"function": {"name": "f"}}], "tools[0].type"),
+        ([{"type": "function", "function": {"name": "f", "parameters": []}}], "tools[0].function.parameters"),
+    ],
+)
+def test_chat_tools_are_checked_before_llama_server_sees_them(tools: object, message: str) -> None:
+    with pytest.raises(BadRequest, match=re.escape(message)):
+        chat_request({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": tools})

@@ -87,3 +87,108 @@ def test_huggingface_pull_through_fake_hub(tmp_path: Path, hub: FakeHub,
     assert Puller(store).pull(parse_reference("hf.co/owner/tiny-GGUF:Q8_0")).reference.endswith(":Q8_0")
     with pytest.raises(RegistryNotFound):
         Puller(store).pull(parse_reference("hf.co/owner/absent"))
+
+
+def test_range_decisions_follow_rfc_9110() -> None:
+    from llmman.api.byteranges import decide
+
+    assert decide(None, 10).ranges is None
+    assert decide("bytes=0-3", 10).header() == "bytes=0-3"
+    assert decide("bytes=8-", 10).header() == "bytes=8-9"
+    assert decide("bytes=5-100", 10).header() == "bytes=5-9"
+    assert decide("bytes=-4", 10).header() == "bytes=6-9"
+    assert decide("BYTES=0-0, 20-30", 10).header() == "bytes=0-0"  # the unsatisfiable part dropped
+    for invalid in ("bytes=abc", "bytes=5-3", "items=0-1", "bytes", "bytes=", "bytes=1-2-3", "bytes=--1"):
+        assert decide(invalid, 10).ranges is None, invalid  # ignored: the whole blob, 200
+    for unsatisfiable in ("bytes=10-", "bytes=11-20", "bytes=-0", "bytes=10-12,-0"):
+        assert decide(unsatisfiable, 10).unsatisfiable, unsatisfiable
+
+
+@pytest.fixture(scope="module")
+def v2_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tests.fakes.inprocess import InProcessApp
+
+    with InProcessApp(tmp_path_factory.mktemp("v2")) as app:
+        for tag in ("b", "a", "c"):
+            app.store.tag(parse_reference("tiny"), parse_reference(f"tiny:{tag}"))
+        yield app
+
+
+def test_v2_blob_ranges_never_a_plain_text_400(v2_app: Any) -> None:
+    model = v2_app.store.get(parse_reference("tiny"))
+    layer = model.manifest["layers"][0]
+    url = f"/v2/ai/tiny/blobs/{layer['digest']}"
+    whole = v2_app.request("GET", url)
+    assert whole.status_code == 200 and len(whole.content) == layer["size"]
+    for bad in ("bytes=abc", "bytes=9-2", "lines=1-2"):
+        r = v2_app.request("GET", url, headers={"Range": bad})
+        assert r.status_code == 200 and r.content == whole.content, bad
+    r = v2_app.request("GET", url, headers={"Range": "bytes=0-3"})
+    assert r.status_code == 206 and r.content == b"GGUF"
+    r = v2_app.request("GET", url, headers={"Range": f"bytes={layer['size']}-"})
+    assert r.status_code == 416 and r.headers["content-range"] == f"bytes */{layer['size']}"
+    assert r.json()["errors"][0]["code"] == "RANGE_INVALID"
+    r = v2_app.request("GET", "/v2/ai/tiny/blobs/sha256:nothex")
+    assert r.status_code in (400, 404) and "errors" in r.json()
+
+
+def test_v2_tags_list_with_pagination_and_oci_errors(v2_app: Any) -> None:
+    r = v2_app.request("GET", "/v2/ai/tiny/tags/list")
+    assert r.status_code == 200 and r.json() == {"name": "ai/tiny", "tags": ["a", "b", "c", "latest"]}
+    r = v2_app.request("GET", "/v2/ai/tiny/tags/list?n=2")
+    assert r.json()["tags"] == ["a", "b"]
+    assert r.headers["link"] == '</v2/ai/tiny/tags/list?n=2&last=b>; rel="next"'
+    r = v2_app.request("GET", "/v2/ai/tiny/tags/list?n=2&last=b")
+    assert r.json()["tags"] == ["c", "latest"] and "link" not in r.headers
+    assert v2_app.request("GET", "/v2/ai/tiny/tags/list?n=0").json()["tags"] == []
+    r = v2_app.request("GET", "/v2/ai/tiny/tags/list?n=-1")
+    assert r.status_code == 400 and r.json()["errors"][0]["code"] == "PAGINATION_NUMBER_INVALID"
+    r = v2_app.request("GET", "/v2/ai/none/tags/list")
+    assert r.status_code == 404 and r.json()["errors"][0]["code"] == "NAME_UNKNOWN"
+    r = v2_app.request("GET", "/v2/ai/tiny/manifests/nope")
+    assert r.status_code == 404 and r.json() == {"errors": [{"code": "MANIFEST_UNKNOWN",
+                                                             "message": "manifest ai/tiny:nope not found"}]}
+
+
+def test_long_or_malformed_names_are_400_on_every_name_route(v2_app: Any) -> None:
+    long = "a" * 5000
+    bodies = {"/api/pull": {"model": long}, "/api/push": {"model": long},
+              "/api/create": {"model": long, "from": "tiny"}, "/api/show": {"model": long},
+              "/api/copy": {"source": long, "destination": "x:1"}}
+    for path, body in bodies.items():
+        r = v2_app.request("POST", path, json={**body, "stream": False})
+        assert r.status_code == 400 and r.json()["error"].startswith("invalid model name"), (path, r.text)
+        assert len(r.json()["error"]) < 300, path  # the name is not echoed in full
+    r = v2_app.request("POST", "/api/copy", json={"source": "tiny", "destination": "x" * 300})
+    assert r.status_code == 400 and "invalid model name" in r.json()["error"]
+    r = v2_app.request("DELETE", "/api/delete", json={"model": "bad name!"})
+    assert r.status_code == 400 and "invalid model name" in r.json()["error"]
+    assert parse_reference("a" * 200).repository == "ai/" + "a" * 200
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [
+    ({"parameters": {"temperature": "hot"}}, 400, 'option "temperature" must be of type float'),
+    ({"parameters": {"bogus": 1}}, 400, "unknown parameter 'bogus'"),
+    ({"parameters": [1]}, 400, "parameters must be an object"),
+    ({"from": 3}, 400, "from must be a string"),
+    ({"files": ["a"]}, 400, "files must be an object"),
+    ({"quantize": 4}, 400, "quantize must be a string"),
+    ({"messages": "hi"}, 400, "messages must be an array"),
+    ({"license": {"a": 1}}, 400, "license must be a string"),
+    ({"stream": "no"}, 400, "stream must be a boolean"),
+    ({"template": "{{ .Prompt }}"}, 501, "'template' in /api/create is not supported"),
+    ({"adapters": {"a.gguf": "sha256:" + "0" * 64}}, 501, "'adapters' in /api/create is not supported"),
+    ({"quantize": "q4_K_M"}, 501, "'quantize' in /api/create is not supported"),
+])
+def test_create_checks_every_field(v2_app: Any, body: dict[str, Any], status: int, words: str) -> None:
+    r = v2_app.request("POST", "/api/create",
+                       json={"model": "made:1", "from": "tiny", "stream": False, **body})
+    assert r.status_code == status and words in r.json()["error"], r.text
+    assert v2_app.store.find(parse_reference("made:1")) is None
+
+
+def test_create_with_empty_optional_fields_still_works(v2_app: Any) -> None:
+    body = {"model": "made:2", "from": "tiny", "stream": False, "parameters": {}, "system": "", "files": {}}
+    r = v2_app.request("POST", "/api/create", json=body)
+    assert r.status_code == 200, r.text
+    assert v2_app.store.find(parse_reference("made:2")) is not None

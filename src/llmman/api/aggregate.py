@@ -29,7 +29,7 @@ from llmman.cluster.placement import NodeView, model_size, rank
 from llmman.cluster.views import MERGED, merge
 from llmman.errors import LlmmanError
 from llmman.refs import parse_reference
-from llmman.settings_table import parse_host
+from llmman.settings_table import HostAddress, parse_host
 
 log = logging.getLogger("llmman.cluster")
 
@@ -99,13 +99,19 @@ class Aggregate:
         ref = _model_of(scope["path"], body, services.settings.aliases)
         if ref is None:
             return await self.app(scope, replay, send)
-        local = local_view(services.scheduler, services.store)
-        if local.has_loaded(ref):
+        if _loaded_here(services, ref):
             return await self.app(scope, replay, send)
-        nodes = [local, *await peers.probe()]
-        candidates = _candidates(scope["path"], body, ref, nodes)
+        unload = _is_unload(scope["path"], body)
+        if unload or scope["path"] == "/api/show":
+            peers.recent.forget(ref)
+        elif await self._recent(scope, receive, send, peers, ref, body):
+            return None
+        nodes = [local_view(services.scheduler, services.store), *await peers.probe()]
+        candidates = _candidates(scope["path"], unload, ref, nodes)
         log.debug("placement of %s: %s (free/memory: %s)", ref, [n.name for n in candidates],
                   {n.name: f"{n.free}/{n.memory}" for n in nodes})
+        if not unload and candidates[0].has_loaded(ref) and not candidates[0].is_local:
+            peers.recent.put(ref, _address(peers, candidates[0]))
         storer = next((n for n in nodes if n.has_stored(ref)), None)
         for node in candidates:
             if node.is_local:
@@ -118,14 +124,28 @@ class Aggregate:
                 if storer.is_local:
                     own = services.settings.host
                     source = f"{own.scheme}://*:{own.port}"
-            if await self._forward(scope, receive, send, peers, node, body, source):
+            if await self._forward(scope, receive, send, peers, _address(peers, node), body, source, ref):
                 return None
         return await self.app(scope, replay, send)
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, peers: Peers, node: NodeView,
-                       body: bytes, source: str | None) -> bool:
-        """Serve the request from ``node``; False when it failed before answering (nothing was sent)."""
-        address = next(a for a in peers.addresses if peer_name(a) == node.name)
+    async def _recent(self, scope: Scope, receive: Receive, send: Send, peers: Peers, ref: str,
+                      body: bytes) -> bool:
+        """Forward to the peer a probe saw ``ref`` loaded on moments ago, skipping a new probe (see
+        cluster/recent.py); False when there is none or it failed before answering (it is forgotten)."""
+        seen = peers.recent.get(ref)
+        if seen is None or seen[0] not in peers.up():
+            return False
+        address, age = seen
+        log.debug("placement of %s: %s (loaded there, probed %.1f s ago)", ref, peer_name(address), age)
+        if await self._forward(scope, receive, send, peers, address, body, None, ref):
+            return True
+        peers.recent.forget(ref)
+        return False
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, peers: Peers, address: HostAddress,
+                       body: bytes, source: str | None, ref: str) -> bool:
+        """Serve the request from the peer at ``address``; False when it failed before answering
+        (nothing was sent). An error status from the peer drops what :attr:`Peers.recent` knows of ``ref``."""
         path_qs = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         client_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         try:
@@ -134,7 +154,9 @@ class Aggregate:
         except (OSError, aiohttp.ClientError, TimeoutError) as exc:
             peers.mark_down(address, str(exc) or type(exc).__name__)
             return False
-        log.debug("forwarding %s to %s", scope["path"], node.name)
+        log.debug("forwarding %s to %s", scope["path"], peer_name(address))
+        if response.status >= 400:
+            peers.recent.forget(ref)
         pump = asyncio.ensure_future(_pump(response, send, scope["path"], peers, address))
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
@@ -143,11 +165,14 @@ class Aggregate:
             for task in (pump, watch):
                 task.cancel()
             await asyncio.gather(pump, watch, return_exceptions=True)
+            # An answer read to its end has already given its keep-alive connection back to the pool
+            # (aiohttp does at EOF), so this only closes a connection cut short, cancelling the peer's work.
             response.close()
         return True
 
 
 async def _pump(response: aiohttp.ClientResponse, send: Send, path: str, peers: Peers, address: Any) -> None:
+    """Stream the peer's answer to the client as it comes; a break ends it with an in-band error."""
     headers = [(k, v) for k, v in response.raw_headers if k.decode("latin-1").lower() not in RESPONSE_DROP]
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     try:
@@ -206,12 +231,29 @@ def _model_of(path: str, body: bytes, aliases: dict[str, str]) -> str | None:
         return None
 
 
-def _candidates(path: str, body: bytes, ref: str, nodes: list[NodeView]) -> list[NodeView]:
+def _is_unload(path: str, body: bytes) -> bool:
+    """True for an Ollama unload (``keep_alive`` 0 on generate or chat)."""
+    if path not in ("/api/generate", "/api/chat"):
+        return False
+    doc = orjson.loads(body)
+    return isinstance(doc, dict) and doc.get("keep_alive") in (0, "0", "0s", "0m")
+
+
+def _loaded_here(services: Services, ref: str) -> bool:
+    """True when this node has ``ref`` loaded (or loading); cheaper than :func:`local_view`."""
+    key = ref.lower()
+    return any(snap.reference.lower() == key for snap in services.scheduler.snapshot())
+
+
+def _address(peers: Peers, node: NodeView) -> HostAddress:
+    return next(a for a in peers.addresses if peer_name(a) == node.name)
+
+
+def _candidates(path: str, unload: bool, ref: str, nodes: list[NodeView]) -> list[NodeView]:
     """Where to try, in order: show and unload go where the model is; anything else by the rules."""
     if path == "/api/show":
         return [n for n in nodes if n.has_stored(ref)] or nodes[:1]
-    doc = orjson.loads(body)
-    if path in ("/api/generate", "/api/chat") and doc.get("keep_alive") in (0, "0", "0s", "0m"):
+    if unload:
         return [n for n in nodes if n.has_loaded(ref)] or nodes[:1]
     return rank(ref, model_size(ref, nodes), nodes)
 

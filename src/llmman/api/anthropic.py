@@ -1,9 +1,13 @@
 """Anthropic routes: ``POST /v1/messages`` (streaming and not) and ``POST /v1/messages/count_tokens``.
 
-The body is checked and normalised by :mod:`llmman.protocol.anthropic`, then sent to the child's own
-``/v1/messages`` (or ``/v1/messages/count_tokens``); answers are fixed up (id, model, ping, errors)
-by the same module. Errors before the first byte carry their real status in Anthropic's shape
-(api/errors.py picks the shape by path); after it, one ``error`` event ends the stream.
+The body is checked and normalised by :mod:`llmman.protocol.anthropic` (Anthropic's own checks, then
+Ollama's capability checks: tools and images need the model's ``tools``/``vision``, ``thinking`` is
+relaxed for a model that cannot think and otherwise mapped to llama-server's reasoning controls), then
+sent to the child's own ``/v1/messages`` (or ``/v1/messages/count_tokens``); answers are fixed up (id,
+model, ping, block order, errors) by the same module. A request whose ``tool_choice`` forces a tool goes
+to the child's ``/v1/chat/completions`` with a JSON-schema grammar instead, translated both ways by
+:mod:`llmman.protocol.anthropic_tools`. Errors before the first byte carry their real status in
+Anthropic's shape (api/errors.py picks the shape by path); after it, one ``error`` event ends the stream.
 """
 
 from __future__ import annotations
@@ -18,8 +22,17 @@ from starlette.responses import Response, StreamingResponse
 from llmman.api.cancel import unless_disconnected
 from llmman.api.services import Services
 from llmman.errors import BadRequest, LlmmanError
-from llmman.gateway import UpstreamExchange
-from llmman.protocol.anthropic import AnthropicStream, fix_message, prepare_request, upstream_error
+from llmman.gateway import ResolvedModel, UpstreamExchange
+from llmman.protocol.anthropic import (
+    AnthropicStream,
+    apply_thinking,
+    fix_message,
+    prepare_request,
+    upstream_error,
+)
+from llmman.protocol.anthropic_tools import ForcedToolStream, forced_message, forced_request
+from llmman.protocol.anthropic_validate import forced_tool
+from llmman.protocol.capabilities import anthropic_needs, capability_error
 from llmman.protocol.framing import SSEDecoder
 
 log = logging.getLogger("llmman.api.anthropic")
@@ -46,28 +59,63 @@ async def count_tokens(request: Request) -> Response:
 
 async def _forward(request: Request, path: str) -> Response:
     services: Services = request.app.state.services
-    body, name = prepare_request(_parse(await request.body()))
+    counting = path == "/v1/messages/count_tokens"
+    body, name = prepare_request(_parse(await request.body()), count_tokens=counting)
     model = services.gateway.resolve(name)
-    stream = body.get("stream") is True and path == "/v1/messages"
+    have = services.store.info(model.stored).capabilities
+    if not counting:  # counting tokens generates nothing: any model may count
+        refusal = capability_error(name, "chat", anthropic_needs(body), have)
+        if refusal is not None:
+            raise BadRequest(refusal)
+    body = apply_thinking(body, "thinking" in have)
+    forced = None if counting else forced_tool(body)
+    if forced is not None:
+        return await _forced(request, services, model, name, body, forced)
+    stream = body.get("stream") is True and not counting
     exchange = await unless_disconnected(request, services.gateway.open(model, path, orjson.dumps(body)))
     if exchange.status != 200:
         status, err = upstream_error(exchange.status, await exchange.read())
         return Response(orjson.dumps(err), status_code=status, media_type=JSON)
     if stream:
-        headers = {"Cache-Control": "no-cache"}
-        return StreamingResponse(_events(exchange, AnthropicStream(name)), media_type="text/event-stream",
-                                 headers=headers)
-    data = await unless_disconnected(request, exchange.read())
-    try:
-        answer = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise LlmmanError("llama-server sent an answer that is not JSON") from exc
-    if path == "/v1/messages" and isinstance(answer, dict):
+        return _streaming(exchange, AnthropicStream(name))
+    answer = await _answer(request, exchange)
+    if not counting and isinstance(answer, dict):
         answer = fix_message(answer, name)
     return Response(orjson.dumps(answer), media_type=JSON)
 
 
-async def _events(exchange: UpstreamExchange, transducer: AnthropicStream) -> AsyncIterator[bytes]:
+async def _forced(request: Request, services: Services, model: ResolvedModel, name: str,
+                  body: dict[str, object], tools: list[dict[str, object]]) -> Response:
+    """A request whose ``tool_choice`` forces a tool: through ``/v1/chat/completions`` with a grammar."""
+    upstream = forced_request(body, tools)
+    opening = services.gateway.open(model, "/v1/chat/completions", orjson.dumps(upstream))
+    exchange = await unless_disconnected(request, opening)
+    if exchange.status != 200:
+        status, err = upstream_error(exchange.status, await exchange.read())
+        return Response(orjson.dumps(err), status_code=status, media_type=JSON)
+    if upstream.get("stream") is True:
+        return _streaming(exchange, ForcedToolStream(name, tools))
+    answer = await _answer(request, exchange)
+    if not isinstance(answer, dict):
+        raise LlmmanError("llama-server sent an answer that is not a JSON object")
+    return Response(orjson.dumps(forced_message(answer, tools, name)), media_type=JSON)
+
+
+async def _answer(request: Request, exchange: UpstreamExchange) -> object:
+    data = await unless_disconnected(request, exchange.read())
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise LlmmanError("llama-server sent an answer that is not JSON") from exc
+
+
+def _streaming(exchange: UpstreamExchange, transducer: AnthropicStream | ForcedToolStream) -> Response:
+    return StreamingResponse(_events(exchange, transducer), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+async def _events(exchange: UpstreamExchange,
+                  transducer: AnthropicStream | ForcedToolStream) -> AsyncIterator[bytes]:
     decoder = SSEDecoder()
     try:
         async for chunk in exchange.chunks():

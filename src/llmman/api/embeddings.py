@@ -20,10 +20,12 @@ from llmman.protocol.embeddings import (
     embed_request,
     legacy_request,
     ollama_embed_response,
+    shorten_answer,
     vectors,
 )
 from llmman.protocol.ollama import parse_json_body
-from llmman.protocol.openai import peek_model
+from llmman.protocol.openai import openai_error, peek_model, remap_upstream_error
+from llmman.protocol.openai_validate import InvalidParam, validate_embeddings
 
 JSON = "application/json; charset=utf-8"
 
@@ -73,10 +75,16 @@ async def embeddings_legacy(request: Request) -> Response:
 
 
 async def v1_embeddings(request: Request) -> Response:
-    """``POST /v1/embeddings``: the original bytes to the embedding child, its answer unchanged."""
+    """``POST /v1/embeddings``: the original bytes to the embedding child, its answer unchanged except
+    that ``dimensions`` (which llama-server ignores) is applied to the vectors."""
     services: Services = request.app.state.services
     raw = await request.body()
-    _, name = peek_model(raw)
+    body, name = peek_model(raw)
+    try:
+        dimensions = validate_embeddings(body)
+    except InvalidParam as exc:
+        error = openai_error(exc.message, status=400, param=exc.param)
+        return Response(orjson.dumps(error), status_code=400, media_type="application/json")
     try:
         model = services.gateway.resolve(name)
     except ModelNotFound as exc:
@@ -85,4 +93,10 @@ async def v1_embeddings(request: Request) -> Response:
     opening = services.gateway.open(model, "/v1/embeddings", raw, content_type=content_type, embedding=True)
     exchange = await unless_disconnected(request, opening)
     data = await unless_disconnected(request, exchange.read())
-    return Response(data, status_code=exchange.status, headers=exchange.headers)
+    status, data = remap_upstream_error(exchange.status, data)
+    if status == 200 and dimensions is not None:
+        try:
+            data = orjson.dumps(shorten_answer(orjson.loads(data), dimensions))
+        except orjson.JSONDecodeError:
+            pass  # not JSON: passed on as llama-server sent it
+    return Response(data, status_code=status, headers=exchange.headers)

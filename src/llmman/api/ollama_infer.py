@@ -1,6 +1,7 @@
 """Ollama inference routes: ``POST /api/chat`` and ``POST /api/generate``.
 
-The body is translated by :mod:`llmman.protocol.ollama` into a streaming llama-server request;
+The body is translated by :mod:`llmman.protocol.ollama` into a streaming llama-server request (with
+Ollama's thinking default: no ``think`` to a thinking model means ``think: true``);
 the answer's SSE events are fed through an :class:`~llmman.protocol.ollama.OllamaStream`
 transducer into NDJSON lines (``stream`` true, the default) or one aggregated object
 (``stream: false``). Errors before the first byte get their real status; after it, one
@@ -19,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from llmman.api.cancel import unless_disconnected
+from llmman.api.derived import ollama_with_defaults
 from llmman.api.services import Services
 from llmman.durations import parse_duration
 from llmman.errors import LlmmanError
@@ -26,8 +28,9 @@ from llmman.gateway import UpstreamExchange
 from llmman.protocol.capabilities import check_capabilities
 from llmman.protocol.framing import SSEDecoder, ndjson
 from llmman.protocol.ollama import parse_json_body
-from llmman.protocol.ollama_request import UpstreamRequest, chat_request, generate_request
+from llmman.protocol.ollama_request import UpstreamRequest, chat_request, generate_request, with_default_think
 from llmman.protocol.ollama_stream import OllamaStream, error_line, load_response
+from llmman.protocol.openai import client_fault
 
 log = logging.getLogger("llmman.api.ollama")
 
@@ -47,14 +50,16 @@ def json_response(obj: object, status: int = 200) -> Response:
 async def chat(request: Request) -> Response:
     """``POST /api/chat``."""
     started = time.monotonic_ns()
-    upstream = chat_request(parse_json_body(await request.body()))
+    body = parse_json_body(await request.body())
+    upstream = await ollama_with_defaults(request, body, chat_request(body))  # a derived model's defaults
     return await _infer(request, upstream, started)
 
 
 async def generate(request: Request) -> Response:
     """``POST /api/generate``."""
     started = time.monotonic_ns()
-    upstream = generate_request(parse_json_body(await request.body()))
+    body = parse_json_body(await request.body())
+    upstream = await ollama_with_defaults(request, body, generate_request(body))  # a derived model's defaults
     return await _infer(request, upstream, started)
 
 
@@ -63,6 +68,7 @@ async def _infer(request: Request, upstream: UpstreamRequest, started_ns: int) -
     gateway = services.gateway
     model = await gateway.ensure(upstream.model)
     have = services.store.info(model.stored).capabilities
+    upstream = with_default_think(upstream, have)
     check_capabilities(upstream.model, upstream.kind, upstream.body, upstream.think, have)
     keep_alive = None if upstream.keep_alive is None else parse_duration(upstream.keep_alive)
     num_ctx = upstream.runner.num_ctx
@@ -82,7 +88,8 @@ async def _infer(request: Request, upstream: UpstreamRequest, started_ns: int) -
         request, gateway.open(model, upstream.path, body, keep_alive=keep_alive, num_ctx=num_ctx)
     )
     if exchange.status != 200:
-        raise LlmmanError(_upstream_error_text(await exchange.read()), status=exchange.status)
+        text = _upstream_error_text(await exchange.read())
+        raise LlmmanError(text, status=400 if client_fault(exchange.status, text) else exchange.status)
     transducer = OllamaStream(upstream.kind, upstream.model, created_at)
     load_ns = int(exchange.lease.load_duration * 1e9)
     if not upstream.stream:

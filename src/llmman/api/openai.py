@@ -1,8 +1,12 @@
 """OpenAI routes: ``/v1/chat/completions``, ``/v1/completions`` passed to llama-server byte for
 byte (streaming included), and ``/v1/models`` from the store.
 
-Only ``model`` and ``stream`` are read from the body; the original bytes go upstream and the
-child's status, headers and body come back unchanged. If the child dies mid-stream the client
+The body is parsed only to be checked (:mod:`llmman.protocol.openai_validate`: the shapes OpenAI
+checks, so a malformed ``messages`` or ``tools`` gets OpenAI's 400 naming the ``param`` instead of
+llama-server's 500) and for the model's capabilities (Ollama's checks: tools, thinking, vision, chat or
+generate, :mod:`llmman.protocol.capabilities`); then the original bytes go upstream and the child's
+status, headers and body come back unchanged, except a 500 that is really a bad request, which
+becomes a 400 (:func:`llmman.protocol.openai.client_fault`). If the child dies mid-stream the client
 gets one SSE ``data: {"error": ...}`` event, as llama-server itself reports late errors.
 """
 
@@ -15,11 +19,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from llmman.api.cancel import unless_disconnected
+from llmman.api.derived import openai_chat_with_defaults
 from llmman.api.passthrough import relay
 from llmman.api.services import Services
 from llmman.errors import LlmmanError, ModelNotFound
+from llmman.protocol.capabilities import capability_error, openai_chat_needs
 from llmman.protocol.framing import sse
 from llmman.protocol.openai import models_list, openai_error, peek_model
+from llmman.protocol.openai_validate import InvalidParam, validate_chat, validate_completion
 
 log = logging.getLogger("llmman.api.openai")
 
@@ -34,14 +41,35 @@ async def completions(request: Request) -> Response:
     return await _proxy(request, "/v1/completions")
 
 
+def bad_request(message: str, param: str | None = None) -> Response:
+    """OpenAI's 400: ``{"error": {"message", "type": "invalid_request_error", "param", "code": null}}``."""
+    return Response(orjson.dumps(openai_error(message, status=400, param=param)), status_code=400,
+                    media_type="application/json")
+
+
 async def _proxy(request: Request, path: str) -> Response:
     services: Services = request.app.state.services
     raw = await request.body()
     body, name = peek_model(raw)
+    chat = path == "/v1/chat/completions"
+    try:
+        if chat:
+            validate_chat(body)
+        else:
+            validate_completion(body)
+    except InvalidParam as exc:
+        return bad_request(exc.message, exc.param)
     try:
         model = await services.gateway.ensure(name)
     except ModelNotFound as exc:
         raise LlmmanError(exc.message, status=404, code="model_not_found") from exc
+    needed = openai_chat_needs(body) if chat else ("completion",)
+    have = services.store.info(model.stored).capabilities
+    refusal = capability_error(name, "chat" if chat else "generate", needed, have)
+    if refusal is not None:
+        return bad_request(refusal)
+    if chat:  # a derived model's system prompt, messages and parameters; else the bytes as they came
+        raw = openai_chat_with_defaults(services.store, model.stored, body, raw)
     content_type = request.headers.get("content-type", "application/json")
     # A client that goes away stops the wait (a non-streamed answer arrives only when it is complete).
     opening = services.gateway.open(model, path, raw, content_type=content_type)

@@ -1,8 +1,10 @@
 """Answering with a child's own response, unchanged: the OpenAI-shaped routes (chat and text
 completions, Responses) relay status, headers and body as llama-server sent them.
 
-Before the first byte the child's real status goes to the client; if the child dies mid-stream the
-route's own dialect renders one closing error event (``error_event``).
+Before the first byte the child's real status goes to the client, except that a 500 which is really a
+bad request (llama-server's request-conversion failures, :func:`llmman.protocol.openai.client_fault`)
+becomes a 400; if the child dies mid-stream the route's own dialect renders one closing error event
+(``error_event``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from starlette.responses import Response, StreamingResponse
 from llmman.api.cancel import unless_disconnected
 from llmman.errors import LlmmanError
 from llmman.gateway import UpstreamExchange
+from llmman.protocol.openai import remap_upstream_error
 
 log = logging.getLogger("llmman.api.passthrough")
 
@@ -28,7 +31,8 @@ async def relay(
     if stream and exchange.status == 200:
         return StreamingResponse(_chunks(exchange, error_event), status_code=200, headers=exchange.headers)
     data = await unless_disconnected(request, exchange.read())
-    return Response(data, status_code=exchange.status, headers=exchange.headers)
+    status, data = remap_upstream_error(exchange.status, data)
+    return Response(data, status_code=status, headers=exchange.headers)
 
 
 async def _chunks(

@@ -25,6 +25,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from llmman.api.create_body import check_create_body
 from llmman.api.ollama_infer import NDJSON, json_response
 from llmman.api.services import Services
 from llmman.errors import BadRequest, LlmmanError, ModelNotFound, NotFound
@@ -32,6 +33,7 @@ from llmman.protocol.ollama import parse_json_body
 from llmman.refs import parse_reference
 from llmman.registry.puller import Emit, Puller
 from llmman.registry.push import push as push_model
+from llmman.store import derive_model
 from llmman.store.layout import digest_hex
 
 if TYPE_CHECKING:
@@ -188,21 +190,50 @@ def _create_files(store: Store, files: dict[str, object]) -> dict[str, Path]:
     return paths
 
 
+def _derived_fields(body: dict[str, object]) -> dict[str, Any]:
+    """The non-empty ``system``/``parameters``/``messages``/``license`` of a checked create body, as
+    keyword arguments of :func:`llmman.store.derive_model` (``license`` always a list, messages as
+    ``{role, content}``)."""
+    out: dict[str, Any] = {}
+    if body.get("system"):
+        out["system"] = body["system"]
+    if body.get("parameters"):
+        out["parameters"] = body["parameters"]
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages:
+        out["messages"] = [{"role": str(m["role"]).lower(), "content": m.get("content") or ""}
+                           for m in messages]
+    license_ = body.get("license")
+    if isinstance(license_, str) and license_:
+        out["license"] = [license_]
+    elif isinstance(license_, list) and license_:
+        out["license"] = [str(text) for text in license_]
+    return out
+
+
 async def create(request: Request) -> Response:
-    """``POST /api/create {"model", "from"? , "files"?: {name: digest}, "stream"?}``.
+    """``POST /api/create {"model", "from"? , "files"?: {name: digest}, "system"?, "parameters"?,
+    "messages"?, "license"?, "stream"?}``.
 
     ``from`` is a stored model (tagged as ``model``) or a local GGUF file or folder on the server;
-    ``files`` names blobs uploaded with ``POST /api/blobs`` (packaged like ``llmman build``)."""
+    ``files`` names blobs uploaded with ``POST /api/blobs`` (packaged like ``llmman build``). With
+    ``system``, ``parameters``, ``messages`` or ``license`` the result is a derived model: the base's
+    layers plus small layers for those (:mod:`llmman.store.derive`), inherited from a derived base.
+    The body is checked first (:func:`llmman.api.create_body.check_create_body`: 400 for bad fields,
+    501 for ``quantize``, ``adapters``, ``template``)."""
     services: Services = request.app.state.services
     body = parse_json_body(await request.body())
     ref = parse_reference(_model_field(body), services.settings.aliases)
+    check_create_body(body)
     source, files = body.get("from"), body.get("files")
     store = services.store
+    derived = _derived_fields(body)
 
     blobs = _create_files(store, files) if isinstance(files, dict) and files else None
 
     def job(emit: Emit) -> None:
         emit({"status": "parsing model"})
+        base = ref
         if blobs:
             with tempfile.TemporaryDirectory(prefix="llmman-create-") as tmp:
                 for name, path in blobs.items():
@@ -213,9 +244,14 @@ async def create(request: Request) -> Response:
                 raise NotFound(f"{source}: no such file or directory")
             store.build(ref, Path(source))
         elif isinstance(source, str) and source:
-            store.tag(parse_reference(source, services.settings.aliases), ref)
+            base = parse_reference(source, services.settings.aliases)
+            if not derived:
+                store.tag(base, ref)
         else:
             raise BadRequest("neither 'from' nor 'files' was given")
+        if derived:
+            emit({"status": "creating new layers"})
+            derive_model(store, base, ref, **derived)
         emit({"status": "writing manifest"})
         emit({"status": "success"})
 

@@ -5,17 +5,23 @@
 the stored references' repository (``ai/smollm2``) or ``registry/repository``
 (``docker.io/ai/smollm2``, since a path cannot hold ``:``, only port-less registries), case-insensitively.
 ``GET|HEAD /v2/<name>/blobs/<digest>`` serves any blob a stored manifest of that name reaches, honouring
-``Range`` (206). Errors use the spec's JSON shape ``{"errors": [{"code", "message"}]}``. Writes are not
-offered (405). The same authentication as the rest of the API applies.
+``Range`` per RFC 9110 (206; an invalid header is ignored, an unsatisfiable one is 416, see
+:mod:`llmman.api.byteranges`). ``GET /v2/<name>/tags/list`` lists the name's tags in lexical order, with
+the spec's ``n``/``last`` pagination and a ``Link: <...>; rel="next"`` header when more remain. Errors use
+the spec's JSON shape ``{"errors": [{"code", "message"}]}``. Writes are not offered (405). The same
+authentication as the rest of the API applies.
 """
 
 from __future__ import annotations
 
 import json
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
+from llmman.api.byteranges import decide
 from llmman.api.services import Services
 from llmman.errors import StoreError
 from llmman.store import StoredModel
@@ -62,7 +68,9 @@ async def route(request: Request) -> Response:
     if (parts := _split(path, "manifests")) is not None:
         return _manifest(services, *parts)
     if (parts := _split(path, "blobs")) is not None:
-        return _blob(services, *parts)
+        return _blob(services, *parts, request.headers.get("range"))
+    if (parts := _split(path, "tags")) is not None and parts[1] == "list":
+        return _tags(services, parts[0], request.query_params.get("n"), request.query_params.get("last"))
     return _error(404, "NAME_UNKNOWN", f"unknown path /v2/{path}")
 
 
@@ -93,15 +101,58 @@ def _manifest(services: Services, name: str, ref: str) -> Response:
     return Response(data, media_type=media, headers=headers)
 
 
-def _blob(services: Services, name: str, digest: str) -> Response:
+def _tags(services: Services, name: str, n: str | None, last: str | None) -> Response:
+    """OCI distribution-spec 1.1 "Listing tags": ``{"name", "tags"}``, lexical order, tags after
+    ``last``, at most ``n`` (400 ``PAGINATION_NUMBER_INVALID`` unless a non-negative integer)."""
+    models = _candidates(services, name)
+    if not models:
+        return _error(404, "NAME_UNKNOWN", f"repository {name} not known")
+    tags = sorted({m.reference.rsplit(":", 1)[1] for m in models})
+    if last is not None:
+        tags = [t for t in tags if t > last]
+    headers = dict(API_HEADER)
+    if n is not None:
+        if not n.isdigit() or len(n) > 9:
+            return _error(400, "PAGINATION_NUMBER_INVALID", f"n must be a non-negative integer, not {n!r}")
+        count = int(n)
+        if count < len(tags):
+            tags = tags[:count]
+            if tags:
+                query = urlencode({"n": count, "last": tags[-1]})
+                headers["Link"] = f'</v2/{name}/tags/list?{query}>; rel="next"'
+    return JSONResponse({"name": name, "tags": tags}, headers=headers)
+
+
+class _BlobFile(FileResponse):
+    """A FileResponse that answers the given (normalised) ``Range``, or none, instead of the request's."""
+
+    def __init__(self, *args: object, range_value: str | None, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.range_value = range_value
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"range", b"if-range")]
+        if self.range_value is not None:
+            headers.append((b"range", self.range_value.encode("latin-1")))
+        await super().__call__({**scope, "headers": headers}, receive, send)
+
+
+def _blob(services: Services, name: str, digest: str, range_header: str | None) -> Response:
     models = _candidates(services, name)
     if not any(digest in descriptor_digests(m.manifest) or digest == m.digest for m in models):
         return _error(404, "BLOB_UNKNOWN", f"blob {digest} not found in {name}")
     try:
         path = services.store.blob_path(digest)
+        size = path.stat().st_size
     except StoreError as exc:
         return _error(400, "DIGEST_INVALID", exc.message)
-    if not path.is_file():
+    except OSError:
         return _error(404, "BLOB_UNKNOWN", f"blob {digest} not found")
+    decision = decide(range_header, size)
     headers = {**API_HEADER, "Docker-Content-Digest": digest}
-    return FileResponse(path, media_type="application/octet-stream", headers=headers)
+    if decision.unsatisfiable:
+        body = {"errors": [{"code": "RANGE_INVALID", "message": f"range {range_header} not satisfiable "
+                            f"for {size} bytes"}]}
+        return JSONResponse(body, status_code=416, headers={**headers, "Content-Range": f"bytes */{size}"})
+    return _BlobFile(path, media_type="application/octet-stream", headers=headers,
+                     range_value=decision.header())

@@ -166,7 +166,15 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
             data = client.show(str(ref), verbose=args.verbose)
     else:
         store = _store(settings)
-        data = _show_from_info(store.info(_get(store, ref)), ref)
+        model = _get(store, ref)
+        data = _show_from_info(store.info(model), ref)
+        from llmman.protocol.show import options_text
+        from llmman.store import read_extras
+
+        extras = read_extras(store.layout, model)  # a derived model's system prompt, parameters, ...
+        data.update(license="\n".join(extras.license) or data["license"],
+                    parameters=options_text(extras.parameters))
+        data.update({k: v for k, v in (("system", extras.system), ("messages", extras.messages)) if v})
     for part in ("modelfile", "parameters", "template", "license"):
         if getattr(args, part):
             text = str(data.get(part) or "")

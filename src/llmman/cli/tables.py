@@ -132,8 +132,11 @@ def format_until(value: object, now: datetime) -> str:
 
 
 def processor(entry: Mapping[str, Any]) -> str:
-    """The PROCESSOR cell: the ``processor`` field when present, else Ollama's split of ``size_vram``
-    over ``size``: ``100% CPU``, ``100% GPU``, ``48%/52% CPU/GPU``, ``Unknown`` (more VRAM than size)."""
+    """The PROCESSOR cell: the entry's ``processor`` field when present, as llmman has always shown it
+    (``llama-server``, ``llama-server (loading)``, ``failed (out of memory)``; seeds 000/001 and
+    reference/llmman.md §1.2), else, for an entry without one, Ollama's split of ``size_vram`` over
+    ``size`` (``cmd/cmd.go`` ListRunningHandler): ``100% CPU``, ``100% GPU``, ``48%/52% CPU/GPU`` (CPU
+    share rounded), ``Unknown`` (more VRAM than size)."""
     named = entry.get("processor")
     if isinstance(named, str) and named:
         return named
@@ -213,7 +216,8 @@ def _section(title: str, pairs: Sequence[tuple[str, str]], width: int = 20) -> l
 def format_show(data: Mapping[str, Any], *, verbose: bool = False) -> str:
     """The ``llmman show`` summary from an ``/api/show`` answer, laid out like ``ollama show``:
     Model (architecture, parameters, context length, embedding length, quantization), Capabilities,
-    Parameters, License (first lines), and with ``verbose`` every ``model_info`` key as Metadata."""
+    Parameters, System and License (first lines), and with ``verbose`` every ``model_info`` key as
+    Metadata."""
     details: Mapping[str, Any] = data.get("details") or {}
     info: Mapping[str, Any] = data.get("model_info") or {}
     arch = str(info.get("general.architecture") or details.get("family") or "")
@@ -232,6 +236,10 @@ def format_show(data: Mapping[str, Any], *, verbose: bool = False) -> str:
     if params:
         width = max(len(p[0]) for p in params) + 4
         lines += _section("Parameters", [(p[0], p[1] if len(p) > 1 else "") for p in params], width)
+    system_lines = [line.strip() for line in str(data.get("system") or "").splitlines() if line.strip()]
+    if system_lines:  # a derived model's system prompt (first lines), as ``ollama show`` prints it
+        shown = system_lines[:2] + (["..."] if len(system_lines) > 2 else [])
+        lines += _section("System", [(line, "") for line in shown])
     license_lines = [line.strip() for line in str(data.get("license") or "").splitlines() if line.strip()]
     if license_lines:
         shown = license_lines[:2] + (["..."] if len(license_lines) > 2 else [])

@@ -3,7 +3,9 @@
 A peer that fails (refused, timed out after :data:`PROBE_TIMEOUT_S`, answered non-200 — a 401 for a
 key it does not accept included — or sent something that is not a node document) is left out of that
 decision and remembered as down: later decisions skip it without waiting, while one background task
-re-probes it every :data:`RETRY_S` seconds and takes it back as soon as it answers.
+re-probes it every :data:`RETRY_S` seconds and takes it back as soon as it answers. Requests that
+arrive while a probe is in flight share its answer instead of asking every peer again, and
+:attr:`Peers.recent` remembers for a moment which peer has a model loaded (see :mod:`.recent`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from llmman.cluster.placement import LOCAL, NodeView
+from llmman.cluster.recent import LOADED_TTL_S, RecentLoaded
 from llmman.errors import ConfigError
 from llmman.scheduler import Scheduler
 from llmman.settings_table import HostAddress, parse_host
@@ -88,10 +91,13 @@ class Peers:
         session: the aiohttp session for peer traffic (TLS settings included).
         peers: the parsed ``aggregation.peers``.
         api_key: the peer key sent as ``Authorization: Bearer``; empty = none.
+        timeout: seconds a probe waits for a peer; retry: seconds between re-probes of a down peer.
+        loaded_ttl: seconds a model seen loaded on a peer is forwarded there without a new probe.
     """
 
     def __init__(self, session: aiohttp.ClientSession, peers: tuple[HostAddress, ...], *,
-                 api_key: str = "", timeout: float = PROBE_TIMEOUT_S, retry: float = RETRY_S) -> None:
+                 api_key: str = "", timeout: float = PROBE_TIMEOUT_S, retry: float = RETRY_S,
+                 loaded_ttl: float = LOADED_TTL_S) -> None:
         self.session = session
         self.addresses = peers
         self.api_key = api_key
@@ -99,6 +105,8 @@ class Peers:
         self.retry = retry
         self._down: dict[str, str] = {}  # peer name -> why
         self._retry_task: asyncio.Task[None] | None = None
+        self._probing: asyncio.Future[list[NodeView]] | None = None
+        self.recent = RecentLoaded(loaded_ttl)
 
     def __bool__(self) -> bool:
         return bool(self.addresses)
@@ -117,6 +125,7 @@ class Peers:
     def mark_down(self, address: HostAddress, why: str) -> None:
         """Skip ``address`` until a background re-probe sees it answer again."""
         name = peer_name(address)
+        self.recent.forget_peer(address)
         if name not in self._down:
             log.info("peer %s left out: %s", name, why)
         self._down[name] = why
@@ -151,7 +160,13 @@ class Peers:
         return view
 
     async def probe(self) -> list[NodeView]:
-        """Every peer not known to be down, asked at once; the ones that answered in time."""
+        """Every peer not known to be down, asked at once; the ones that answered in time. A call made
+        while another is in flight waits for that one's answer (one fan-out serves a burst)."""
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.ensure_future(self._probe_all())
+        return list(await asyncio.shield(self._probing))
+
+    async def _probe_all(self) -> list[NodeView]:
         views = await asyncio.gather(*(self._probe_one(a) for a in self.up()))
         return [v for v in views if v is not None]
 

@@ -6,8 +6,13 @@ No I/O here: no sockets, no files, no clocks (timestamps and durations are passe
 - :mod:`.ollama`: body/model parsing and the ``options``/``format``/``think`` field mappings.
 - :mod:`.ollama_request`: ``/api/chat`` and ``/api/generate`` bodies -> :class:`UpstreamRequest`.
 - :mod:`.ollama_stream`: llama-server stream chunks -> Ollama NDJSON objects (:class:`OllamaStream`).
-- :mod:`.openai`: OpenAI error bodies, request peeking, ``/v1/models``.
-- :mod:`.anthropic`: Anthropic Messages checks, answer fix-ups and the SSE transducer.
+- :mod:`.openai`: OpenAI error bodies, request peeking, ``/v1/models``, which llama-server 500s are bad
+  requests.
+- :mod:`.openai_validate`: the OpenAI request checks (chat, completions, embeddings) before passthrough.
+- :mod:`.anthropic`: Anthropic Messages preparation, thinking mapping, answer fix-ups and the SSE transducer.
+- :mod:`.anthropic_validate`: Anthropic's request checks.
+- :mod:`.anthropic_tools`: forced ``tool_choice`` translated to a JSON-schema grammar on chat completions.
+- :mod:`.capabilities`: Ollama's capability checks, for every dialect.
 - :mod:`.responses`: the Codex clean-ups for ``/v1/responses``.
 - :mod:`.embeddings`: ``/api/embed`` and ``/api/embeddings`` <-> ``/v1/embeddings``.
 """

@@ -3,16 +3,27 @@
 
 What llmman changes, and why (reference/llmman.md §2.9 lists what the old llmman got wrong):
 
-- Request: ``role: "system"`` messages anywhere in ``messages`` are moved, in order, into the top-level
-  ``system`` (joined with ``\\n\\n`` after the client's own ``system``); llama-server's chat templates only
-  honour one leading system prompt. Everything else (text/image blocks, ``tools``, ``tool_choice``,
-  ``tool_use``/``tool_result``, ``thinking``, ``stop_sequences``, ``max_tokens``) goes through untouched.
+- Request: checked as Anthropic checks it (:mod:`llmman.protocol.anthropic_validate`; llama-server takes
+  most malformed bodies with a 200 or fails with a 500). ``role: "system"`` messages anywhere in
+  ``messages`` are moved, in order, into the top-level ``system`` (joined with ``\\n\\n`` after the client's
+  own ``system``); llama-server's chat templates only honour one leading system prompt. Server tools
+  (``web_search_20250305``, ``bash_20250124``, ...: a ``type`` other than ``custom``) are dropped, as the
+  Responses route drops Codex's non-function tools: a local model cannot run them. ``thinking`` is mapped
+  to llama-server's reasoning controls by :func:`apply_thinking`. Everything else (text/image blocks,
+  ``tools``, ``tool_choice``, ``tool_use``/``tool_result``, ``stop_sequences``, ``max_tokens``) goes through
+  untouched. A request whose ``tool_choice`` forces a tool is translated instead
+  (:mod:`llmman.protocol.anthropic_tools`).
 - Answer: ``id`` becomes ``msg_<upstream id suffix>`` and ``model`` the name the client sent (llama-server
-  reports ``chatcmpl-…`` and its model path). Streams get a ``ping`` after ``message_start`` as Anthropic
-  sends, late upstream errors become an ``error`` event, and a stream cut before ``message_stop`` ends with
-  an ``error`` event instead of silently.
+  reports ``chatcmpl-…`` and its model path); a matched stop sequence gives ``stop_reason:
+  "stop_sequence"`` (llama-server says ``end_turn``). Streams get a ``ping`` after ``message_start`` as
+  Anthropic sends, content blocks one after the other as Anthropic sends them (llama-server opens the
+  text block while the thinking block is still open and closes both at the end: the thinking block is
+  closed, with its ``signature_delta``, when the next block starts), late upstream errors become an
+  ``error`` event, and a stream cut before ``message_stop`` ends with an ``error`` event instead of
+  silently.
 - Errors: ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's type names; llama-server's
-  500 for images sent to a model without a projector becomes a 400 (it is the client's request).
+  500s that are really bad requests (images to a model without a projector, unparsable messages) become
+  400s (:func:`llmman.protocol.openai.client_fault`).
 
 No I/O here.
 """
@@ -24,10 +35,12 @@ from collections.abc import Mapping
 import orjson
 
 from llmman.errors import BadRequest
+from llmman.protocol.anthropic_validate import is_server_tool, validate_request
 from llmman.protocol.framing import SSEEvent, sse
+from llmman.protocol.openai import client_fault
 
-__all__ = ["AnthropicStream", "anthropic_error", "error_type", "fix_message", "prepare_request",
-           "upstream_error"]
+__all__ = ["AnthropicStream", "anthropic_error", "apply_thinking", "error_type", "fix_message",
+           "prepare_request", "upstream_error"]
 
 _TYPES = {
     400: "invalid_request_error",
@@ -62,44 +75,30 @@ def _block_text(content: object) -> str:
     raise BadRequest("system: content must be a string or an array of text blocks")
 
 
-def prepare_request(body: object) -> tuple[dict[str, object], str]:
+def prepare_request(body: object, *, count_tokens: bool = False) -> tuple[dict[str, object], str]:
     """Validate an Anthropic request body and return ``(upstream body, model name)``.
 
-    Checked here (so the client gets Anthropic's 400, not llama-server's words): the body is an object,
-    ``model`` a non-empty string, ``messages`` an array of objects with a string ``role`` and string or
-    array ``content``, ``max_tokens`` (optional, llama-server's default applies) a positive integer,
-    ``system`` a string or array of blocks, ``stream`` a boolean.
+    ``count_tokens``: the body is for ``/v1/messages/count_tokens`` (no ``max_tokens`` there). The checks
+    are :func:`~llmman.protocol.anthropic_validate.validate_request`'s; then system turns move into
+    ``system`` and server tools are dropped (with ``tool_choice`` when no tool is left).
 
     Raises:
         BadRequest: with a ``<field>: <problem>`` message.
     """
-    if not isinstance(body, dict):
-        raise BadRequest("The request body is not a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("model: Field required")
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        raise BadRequest("messages: Field required (an array of messages)")
-    max_tokens = body.get("max_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
-                                   or not 0 < max_tokens < 2**31):
-        raise BadRequest("max_tokens: must be a positive integer")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise BadRequest("stream: must be a boolean")
+    validate_request(body, count_tokens=count_tokens)
+    assert isinstance(body, dict)
+    model = str(body["model"])
     systems: list[str] = []
     if body.get("system") is not None:
         systems.append(_block_text(body["system"]))
     kept: list[object] = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise BadRequest(f"messages.{i}: must be an object with a string role")
-        if not isinstance(msg.get("content"), (str, list)):
-            raise BadRequest(f"messages.{i}.content: must be a string or an array of content blocks")
+    for msg in body["messages"]:
         if msg["role"] == "system":
             systems.append(_block_text(msg["content"]))
         else:
             kept.append(msg)
+    if not kept:
+        raise BadRequest("messages: at least one user or assistant message is required")
     upstream = dict(body)
     upstream["messages"] = kept
     text = "\n\n".join(s for s in systems if s)
@@ -107,7 +106,47 @@ def prepare_request(body: object) -> tuple[dict[str, object], str]:
         upstream["system"] = text
     else:
         upstream.pop("system", None)
+    if isinstance(body.get("tools"), list):
+        tools = [t for t in body["tools"] if not is_server_tool(t)]
+        if tools:
+            upstream["tools"] = tools
+        else:
+            upstream.pop("tools", None)
+            upstream.pop("tool_choice", None)
     return upstream, model
+
+
+def apply_thinking(body: Mapping[str, object], can_think: bool) -> dict[str, object]:
+    """Map a prepared body's ``thinking`` to llama-server's reasoning controls.
+
+    - A model without the ``thinking`` capability: ``thinking`` is dropped (Ollama *relaxes* it to no
+      thinking rather than refusing, so that Claude Code works with any model).
+    - ``{type: enabled, budget_tokens}``: ``chat_template_kwargs.enable_thinking = true`` (templates that
+      think only when asked), and ``thinking`` stays, since llama-server turns ``budget_tokens`` into its
+      reasoning budget itself.
+    - ``{type: adaptive}`` or ``{type: between_tools}``: ``enable_thinking = true`` without a budget
+      (llama-server knows neither).
+    - ``{type: disabled}``: ``enable_thinking = false`` (llama-server's own route ignores ``disabled``).
+    - Absent: nothing; the template's default applies.
+
+    The client's own ``chat_template_kwargs`` (a llama-server extension) are kept and win.
+    """
+    out = dict(body)
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict):
+        return out
+    if not can_think:
+        out.pop("thinking", None)
+        return out
+    kind = thinking.get("type")
+    own = body.get("chat_template_kwargs")
+    kwargs: dict[str, object] = {"enable_thinking": kind != "disabled"}
+    if isinstance(own, dict):
+        kwargs.update(own)
+    out["chat_template_kwargs"] = kwargs
+    if kind != "enabled":
+        out.pop("thinking", None)
+    return out
 
 
 def message_id(upstream_id: object) -> str:
@@ -116,10 +155,20 @@ def message_id(upstream_id: object) -> str:
     return "msg_" + text.removeprefix("chatcmpl-").removeprefix("msg_")
 
 
+def _stop_reason(holder: Mapping[str, object]) -> dict[str, object]:
+    """``stop_reason: "stop_sequence"`` where a stop sequence matched: llama-server says ``end_turn`` and
+    names the sequence in ``stop_sequence``; Anthropic says ``stop_sequence``."""
+    out = dict(holder)
+    if out.get("stop_reason") == "end_turn" and isinstance(out.get("stop_sequence"), str):
+        out["stop_reason"] = "stop_sequence"
+    return out
+
+
 def fix_message(message: Mapping[str, object], model: str) -> dict[str, object]:
-    """A non-streamed answer (or ``message_start``'s ``message``) with Anthropic's ``id`` and the
-    client's ``model``; everything else (content blocks, stop_reason, usage) is llama-server's."""
-    out = dict(message)
+    """A non-streamed answer (or ``message_start``'s ``message``) with Anthropic's ``id``, the client's
+    ``model`` and ``stop_reason: "stop_sequence"`` when a stop sequence ended it; everything else (content
+    blocks, usage) is llama-server's."""
+    out = _stop_reason(message)
     out["id"] = message_id(message.get("id"))
     out["model"] = model
     return out
@@ -127,7 +176,8 @@ def fix_message(message: Mapping[str, object], model: str) -> dict[str, object]:
 
 def upstream_error(status: int, body: bytes) -> tuple[int, dict[str, object]]:
     """Turn a llama-server error answer ``{"error": {"code", "message", "type"}}`` into Anthropic's
-    ``(status, body)``. A 500 about unsupported image input is the client's mistake: 400."""
+    ``(status, body)``. A 500 that is the client's mistake (:func:`~llmman.protocol.openai.client_fault`:
+    unsupported image input, unparsable messages) becomes a 400."""
     message = body.decode("utf-8", "replace").strip() or f"llama-server answered {status}"
     try:
         parsed = orjson.loads(body)
@@ -139,7 +189,7 @@ def upstream_error(status: int, body: bytes) -> tuple[int, dict[str, object]]:
             message = err["message"]
         elif isinstance(err, str):
             message = err
-    if status >= 500 and "image input is not supported" in message:
+    if client_fault(status, message):
         status = 400
     return status, anthropic_error(message, status=status)
 
@@ -148,14 +198,57 @@ class AnthropicStream:
     """Transducer for llama-server's native Anthropic SSE stream: ``feed(event) -> bytes`` to send, then
     ``close() -> bytes`` at end of stream.
 
-    Rewrites ``message_start`` (id, model) and follows it with ``{"type": "ping"}``; reshapes error
-    payloads; drops malformed events; at ``close()``, an unfinished stream gets one ``error`` event.
+    Rewrites ``message_start`` (id, model) and follows it with ``{"type": "ping"}``; sends content blocks
+    one after the other: when a block starts while another is open, the open one is closed first (a
+    thinking block with a ``signature_delta`` if it had none), and the upstream's own late
+    ``signature_delta``/``content_block_stop`` for it are dropped; a block still open at
+    ``message_delta`` is closed there. Reshapes error payloads; drops malformed events; at ``close()``, an
+    unfinished stream gets one ``error`` event.
     """
 
     def __init__(self, model: str) -> None:
         self.model = model
         self.finished = False
         self.failed = False
+        self._open: int | None = None  # the index of the block now open
+        self._open_type = ""
+        self._signed = False  # the open (thinking) block has had its signature_delta
+        self._closed: set[int] = set()
+
+    def _close_open(self) -> bytes:
+        if self._open is None:
+            return b""
+        index, out = self._open, b""
+        if self._open_type == "thinking" and not self._signed:
+            out += sse({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "signature_delta", "signature": ""}}, event="content_block_delta")
+        self._open = None
+        self._closed.add(index)
+        return out + sse({"type": "content_block_stop", "index": index}, event="content_block_stop")
+
+    def _block_event(self, kind: str, data: dict[str, object]) -> bytes:
+        index = data.get("index")
+        if not isinstance(index, int):
+            return sse(data, event=kind)
+        if kind == "content_block_start":
+            out = self._close_open() if self._open != index else b""
+            block = data.get("content_block")
+            self._open, self._signed = index, False
+            self._open_type = str(block.get("type")) if isinstance(block, dict) else ""
+            return out + sse(data, event=kind)
+        if kind == "content_block_stop":
+            if index in self._closed:
+                return b""
+            if index == self._open:
+                return self._close_open()
+            return sse(data, event=kind)
+        delta = data.get("delta")
+        signature = isinstance(delta, dict) and delta.get("type") == "signature_delta"
+        if index in self._closed and signature:
+            return b""  # this block was closed with its signature already
+        if index == self._open and signature:
+            self._signed = True
+        return sse(data, event=kind)
 
     def feed(self, event: SSEEvent) -> bytes:
         """Encoded SSE bytes for one upstream event (``b""`` for nothing to send)."""
@@ -174,9 +267,14 @@ class AnthropicStream:
             data = dict(data)
             data["message"] = fix_message(data["message"], self.model)
             return sse(data, event=kind) + sse({"type": "ping"}, event="ping")
+        if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
+            return self._block_event(kind, data)
+        out = self._close_open() if kind in ("message_delta", "message_stop") else b""
+        if kind == "message_delta" and isinstance(data.get("delta"), dict):
+            data = {**data, "delta": _stop_reason(data["delta"])}
         if kind == "message_stop":
             self.finished = True
-        return sse(data, event=kind)
+        return out + sse(data, event=kind)
 
     def error(self, message: str, status: int = 500) -> bytes:
         """An in-band ``error`` event (the stream is over after it)."""

@@ -7,20 +7,26 @@
 - ``/api/embeddings`` ``{model, prompt, keep_alive?, options?}`` -> ``{embedding: [float]}``; an empty
   ``prompt`` answers ``{"embedding": []}``.
 
+``/v1/embeddings`` passes the client's bytes on, but llama-server ignores ``dimensions``: llmman applies it
+to the answer (:func:`shorten_answer`, float or base64 rows), as Ollama and OpenAI do.
+
 llama-server's vectors are already L2-normalised. ``truncate: false`` is accepted; over-long inputs are
 refused by llama-server either way (its error comes back as a 400/500 with its words).
 """
 
 from __future__ import annotations
 
+import base64
 import math
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from llmman.errors import BadRequest, LlmmanError
 from llmman.protocol.ollama import require_model
 
-__all__ = ["EmbedRequest", "embed_request", "legacy_request", "ollama_embed_response", "vectors"]
+__all__ = ["EmbedRequest", "embed_request", "legacy_request", "ollama_embed_response", "shorten_answer",
+           "vectors"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,34 @@ def _cut(vector: list[float], dimensions: int | None) -> list[float]:
     head = vector[:dimensions]
     norm = math.sqrt(sum(v * v for v in head))
     return [v / norm for v in head] if norm > 0 else head
+
+
+def _cut_base64(text: str, dimensions: int) -> str:
+    """A base64 row of little-endian float32 values, cut to ``dimensions`` and L2-normalised again."""
+    raw = base64.b64decode(text, validate=True)
+    count = len(raw) // 4
+    values = list(struct.unpack(f"<{count}f", raw[: count * 4]))
+    cut = _cut(values, dimensions)
+    return base64.b64encode(struct.pack(f"<{len(cut)}f", *cut)).decode("ascii")
+
+
+def shorten_answer(answer: object, dimensions: int) -> object:
+    """A ``/v1/embeddings`` answer with every ``data[].embedding`` cut to ``dimensions`` values and
+    L2-normalised again (a float array, or a base64 string of float32 values). Rows already no longer
+    than ``dimensions`` are kept; anything not shaped like an answer is returned unchanged."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
+        return answer
+    rows: list[object] = []
+    for item in answer["data"]:
+        if isinstance(item, dict) and isinstance(item.get("embedding"), list):
+            item = {**item, "embedding": _cut([float(v) for v in item["embedding"]], dimensions)}
+        elif isinstance(item, dict) and isinstance(item.get("embedding"), str):
+            try:
+                item = {**item, "embedding": _cut_base64(item["embedding"], dimensions)}
+            except (ValueError, struct.error):  # binascii.Error is a ValueError: keep the row as sent
+                pass
+        rows.append(item)
+    return {**answer, "data": rows}
 
 
 def vectors(answer: object, dimensions: int | None = None) -> tuple[list[list[float]], int]:

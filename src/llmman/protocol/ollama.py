@@ -236,7 +236,10 @@ def validate_think(think: object) -> bool | str | None:
 def think_fields(think: bool | str | None) -> dict[str, object]:
     """llama-server chat fields for a validated ``think`` value (reference/llama-server.md §3.3, §5).
 
-    - None: nothing (the model's template default; Ollama turns thinking on for thinking models).
+    - None: nothing (the model's template default). The routes first apply Ollama's default, which turns
+      thinking on for a model with the ``thinking`` capability
+      (:func:`llmman.protocol.ollama_request.with_default_think`), so None reaches here only for models
+      that cannot think.
     - False: ``chat_template_kwargs.enable_thinking = false`` (Qwen-style templates) and
       ``reasoning_effort = "none"``, which llama-server documents as disabling thinking.
     - True: ``chat_template_kwargs.enable_thinking = true``.

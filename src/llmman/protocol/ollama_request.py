@@ -8,7 +8,8 @@ reference/llmman.md §2.7, §10). Field rules: reference/ollama.md §1.3–1.4, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import orjson
@@ -24,6 +25,7 @@ from llmman.protocol.ollama import (
     unknown_options,
     validate_think,
 )
+from llmman.protocol.openai_validate import validate_tools
 
 __all__ = [
     "CHAT_PATH",
@@ -32,6 +34,7 @@ __all__ = [
     "chat_request",
     "generate_request",
     "image_url",
+    "with_default_think",
 ]
 
 CHAT_PATH = "/v1/chat/completions"
@@ -234,11 +237,11 @@ def chat_request(body: dict[str, object]) -> UpstreamRequest:
     if response_format is not None:
         upstream["response_format"] = response_format
     tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise BadRequest("tools must be an array of objects")
-        if tools:
-            upstream["tools"] = tools
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise BadRequest("tools must be an array of objects")
+    validate_tools(tools)  # each {"type": "function", "function": {"name", ...}}: llama-server 500s otherwise
+    if tools:
+        upstream["tools"] = tools
     upstream.update(think_fields(think))
     return _finish("chat", CHAT_PATH, body, upstream, model, stream, think, not messages)
 
@@ -294,3 +297,16 @@ def generate_request(body: dict[str, object]) -> UpstreamRequest:
         upstream["response_format"] = response_format
     upstream.update(think_fields(think))
     return _finish("generate", CHAT_PATH, body, upstream, model, stream, think, is_load)
+
+
+def with_default_think(request: UpstreamRequest, capabilities: Collection[str]) -> UpstreamRequest:
+    """Ollama's thinking default: a request without ``think`` to a model with the ``thinking`` capability
+    thinks (reference/ollama.md §1.3: "if the model has the thinking capability and think is unset, the
+    server turns thinking on"), so ``think`` becomes True and its llama-server fields are sent, whatever
+    the template's own default. Raw ``/api/generate`` (no template) and load requests are left alone, as
+    is a request that set ``think`` itself."""
+    if request.think is not None or request.is_load or request.path != CHAT_PATH:
+        return request
+    if "thinking" not in capabilities:
+        return request
+    return replace(request, think=True, body={**request.body, **think_fields(True)})

@@ -13,7 +13,18 @@ import orjson
 
 from llmman.errors import BadRequest
 
-__all__ = ["ModelEntry", "error_type", "models_list", "openai_error", "peek_model", "wants_stream"]
+__all__ = [
+    "CLIENT_FAULTS",
+    "ModelEntry",
+    "client_fault",
+    "error_type",
+    "models_list",
+    "openai_error",
+    "peek_model",
+    "remap_upstream_error",
+    "upstream_message",
+    "wants_stream",
+]
 
 _TYPES = {
     400: "invalid_request_error",
@@ -45,13 +56,70 @@ def error_type(status: int) -> str:
 
 
 def openai_error(
-    message: str, *, status: int, type_: str | None = None, code: str | None = None
+    message: str, *, status: int, type_: str | None = None, code: str | None = None, param: str | None = None
 ) -> dict[str, object]:
-    """``{"error": {"message", "type", "param": None, "code"}}``, the shape the OpenAI SDKs parse.
+    """``{"error": {"message", "type", "param", "code"}}``, the shape the OpenAI SDKs parse.
 
-    ``type_`` defaults to :func:`error_type` of ``status``; ``code`` is e.g. ``"model_not_found"`` or None.
+    ``type_`` defaults to :func:`error_type` of ``status``; ``code`` is e.g. ``"model_not_found"`` or None;
+    ``param`` names the offending request field (e.g. ``messages[0].role``) or is None.
     """
-    return {"error": {"message": message, "type": type_ or error_type(status), "param": None, "code": code}}
+    return {"error": {"message": message, "type": type_ or error_type(status), "param": param, "code": code}}
+
+
+#: Beginnings of llama-server error messages that are the client's fault although llama-server answers
+#: them with a 500: they come from converting the request (parsing ``messages``/``tools`` for the chat
+#: template, media the model cannot take, template-only parameters), before any generation.
+CLIENT_FAULTS = (
+    "Failed to parse messages",
+    "Failed to parse tools",
+    "Failed to parse tool",
+    "image input is not supported",
+    "audio input is not supported",
+    "video input is not supported",
+    "tools param requires --jinja",
+    "Unsupported param: ",
+    "Cannot use custom grammar constraints with tools",
+    'Either "json_schema" or "grammar" can be specified',
+    "Failed to load image",
+    "Failed to load audio",
+    "input (",  # "input (N tokens) is too large to process. increase the physical batch size" (embeddings)
+)
+
+
+def client_fault(status: int, message: str) -> bool:
+    """Whether a llama-server error answer is really a bad request (so llmman answers 400, not 500).
+
+    The rule: only a **500**, only one that arrives as the answer's status line (before the first byte of
+    a body, so the client can still be told the right status), and only when the message begins with one
+    of :data:`CLIENT_FAULTS`. llama-server turns every exception other than a JSON type error into a 500
+    (reference/llama-server.md §4), including these request-conversion failures, which are entirely
+    determined by the request: the same body fails the same way every time. Everything else keeps its
+    status: runtime failures ("Context size has been exceeded", a crash, "Loading model" 503, ...) are
+    not the client's to fix.
+    """
+    return status == 500 and message.startswith(CLIENT_FAULTS)
+
+
+def upstream_message(body: bytes) -> str | None:
+    """The ``message`` of a llama-server error body ``{"error": {"message": ...}}`` (or ``{"error":
+    "..."}``); None when the body is not one."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    err = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return str(err["message"])
+    return err if isinstance(err, str) else None
+
+
+def remap_upstream_error(status: int, body: bytes) -> tuple[int, bytes]:
+    """``(status, body)`` to send for a llama-server error answer: a :func:`client_fault` 500 becomes a
+    400 with ``type: invalid_request_error`` and the same message; anything else is returned unchanged."""
+    message = upstream_message(body)
+    if message is None or not client_fault(status, message):
+        return status, body
+    return 400, orjson.dumps(openai_error(message, status=400))
 
 
 def peek_model(raw: bytes) -> tuple[dict[str, object], str]:

@@ -10,7 +10,9 @@ Rules (OCI distribution-spec 1.1 "Pulling blobs", RFC 9110 §14 ranges; referenc
 * Size and sha256 are checked before the file is renamed into ``blobs/sha256/``; a mismatch deletes the
   partial and fails. Transient errors (connection, stall of :data:`STALL_TIMEOUT_S`, 5xx, 429) are retried
   :data:`ATTEMPTS` times with jittered exponential backoff; each retry resumes where the last stopped.
-* A full disk (``ENOSPC``/``EDQUOT``) deletes the partial and fails with a clear message.
+* A full disk (``ENOSPC``/``EDQUOT``) deletes the partial and fails with a clear message (HTTP 507).
+* The body is moved by ``splice(2)`` over plain HTTP (:mod:`llmman.registry.splice`), else read into
+  buffers that two threads write and hash (:mod:`llmman.registry.pipeline`); a single ``fsync`` at the end.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import http.client
 import logging
 import os
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +34,9 @@ from pathlib import Path
 import httpx
 
 from llmman.errors import StoreError
+from llmman.registry import splice
 from llmman.registry.client import RegistryClient, RegistryUnavailable, check
+from llmman.registry.pipeline import Pipeline
 from llmman.registry.rawget import get_blob
 from llmman.store import Store
 from llmman.store.layout import digest_hex
@@ -39,7 +45,7 @@ log = logging.getLogger("llmman.registry")
 
 ATTEMPTS = 5
 BACKOFF_S = 0.5  # first retry delay, doubled each time, ±25%
-CHUNK = 1 << 20
+CHUNK = 4 << 20  # bytes per read when re-hashing a partial file
 Progress = Callable[[int], None]  # called with the bytes completed so far
 
 
@@ -113,8 +119,9 @@ class Downloader:
             except OSError as exc:
                 _drop(path)
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise StoreError(f"no space left on the device of the store {self.store.root} "
-                                     f"while writing blob {digest[:19]} ({size} bytes)") from exc
+                    raise StoreError(f"no space left on device: the store {self.store.root} cannot hold "
+                                     f"blob {digest[:19]} ({size} bytes); free some space (`llmman rm`) "
+                                     "and pull again", status=507) from exc
                 raise
         got = f"sha256:{h.hexdigest()}"
         if offset != size or got != digest:
@@ -134,39 +141,66 @@ class Downloader:
         with client.request("HEAD", path, scope=scope) as response:  # settles auth; 404 = no such blob
             check(response, f"blob {digest[:19]}")
         headers = {**client.auth_headers(scope), **({"Range": f"bytes={offset}-"} if offset else {})}
-        sink = _Sink(fd, offset, h, size, digest, progress)
-        get_blob(client, path, headers, sink.status, sink.write)
-        return sink.offset, sink.h
+        body = _Body(fd, offset, h, size, digest, progress, client.stall_timeout)
+        try:
+            get_blob(client, path, headers, body.open)
+        finally:
+            body.close()
+        return body.offset, body.h
 
 
-class _Sink:
-    """Appends a blob's bytes to the partial file, hashing and reporting as they come."""
+class _Body:
+    """One GET's body: spliced into the partial file (plain HTTP, :mod:`llmman.registry.splice`) or
+    appended and hashed by a :class:`Pipeline`."""
 
     def __init__(self, fd: int, offset: int, h: hashlib._Hash, size: int, digest: str,
-                 progress: Progress) -> None:
+                 progress: Progress, stall_timeout: float) -> None:
         self.fd, self.offset, self.h, self.size, self.digest = fd, offset, h, size, digest
-        self.progress = progress
+        self.progress, self.stall_timeout = progress, stall_timeout
+        self.pipeline: Pipeline | None = None
+        self._pushed = offset
 
-    def status(self, status: int) -> None:
+    def open(self, status: int) -> _Body:
         """Before the body: a 200 to a ranged request means the server sends it all, so start over."""
         if self.offset and status != 206:
             os.ftruncate(self.fd, 0)
             os.lseek(self.fd, 0, os.SEEK_SET)
-            self.offset, self.h = 0, hashlib.sha256()
+            self.offset, self._pushed, self.h = 0, 0, hashlib.sha256()
+        return self
 
-    def write(self, piece: memoryview) -> None:
-        if self.offset + len(piece) > self.size:
+    def splice(self, response: http.client.HTTPResponse, sock: socket.socket | None) -> bool:
+        if not splice.usable(response, sock):
+            return False
+        assert sock is not None
+        if self.offset + (response.length or 0) > self.size:
             raise StoreError(f"blob {self.digest} is larger than the declared {self.size} bytes")
-        _write_all(self.fd, piece)
-        self.h.update(piece)
-        self.offset += len(piece)
-        self.progress(self.offset)
+        splicer = splice.Splicer(self.fd, self.offset, self.h, self.progress, self.stall_timeout)
+        try:
+            splicer.run(response, sock)
+        finally:
+            self.offset = self._pushed = splicer.offset
+        return True
 
+    def buffer(self) -> memoryview:
+        if self.pipeline is None:
+            self.pipeline = Pipeline(self.fd, self.offset, self.h, self.progress)
+        return self.pipeline.buffer()
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+    def push(self, n: int) -> None:
+        assert self.pipeline is not None
+        if self._pushed + n > self.size:
+            raise StoreError(f"blob {self.digest} is larger than the declared {self.size} bytes")
+        self._pushed += n
+        self.pipeline.push(n)
+
+    def close(self) -> None:
+        """Drain the pipeline: afterwards :attr:`offset` bytes are in the file and in :attr:`h`."""
+        if self.pipeline is not None:
+            pipeline, self.pipeline = self.pipeline, None
+            try:
+                pipeline.close()
+            finally:
+                self.offset = pipeline.offset
 
 
 def _drop(path: Path) -> None:

@@ -2,11 +2,12 @@
 
 OCI distribution-spec 1.1: for each blob (config, layers) ``HEAD /v2/<name>/blobs/<digest>`` and skip it
 when present; else try a cross-repository mount (``POST /v2/<name>/blobs/uploads/?mount=<d>&from=<repo>``,
-201 = done) when the model was pulled from another repository of the same registry; else start an upload
-session (``POST .../uploads/`` -> 202 + ``Location``) and finish it monolithically with ``PUT
-<location>?digest=<d>`` streaming the blob file. Last, ``PUT /v2/<name>/manifests/<tag>``. Progress lines
-follow Ollama's ``/api/push``: ``retrieving manifest``, ``pushing <12 hex>`` with ``total``/``completed``,
-``pushing manifest``, ``success``.
+201 = done) from each other repository of the same registry that a stored model holding that blob is
+named after (pulled from or pushed to it; at most :data:`MOUNT_TRIES`); else start an upload session
+(``POST .../uploads/`` -> 202 + ``Location``; a refused mount answers 202 with a session, which is used)
+and finish it monolithically with ``PUT <location>?digest=<d>`` streaming the blob file. Last, ``PUT
+/v2/<name>/manifests/<tag>``. Progress lines follow Ollama's ``/api/push``: ``retrieving manifest``,
+``pushing <12 hex>`` with ``total``/``completed``, ``pushing manifest``, ``success``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from llmman.store import Store
 Emit = Callable[[dict[str, Any]], None]
 PROGRESS_INTERVAL_S = 0.2
 CHUNK = 1 << 20
+MOUNT_TRIES = 3  # source repositories tried per blob
 
 
 def _file_chunks(path: Path, on_bytes: Callable[[int], None]) -> Iterator[bytes]:
@@ -50,16 +52,17 @@ def push(store: Store, ref: Reference, credentials: CredentialStore | None, emit
     media = json.loads(data).get("mediaType") or "application/vnd.oci.image.manifest.v1+json"
     repo = ref.repository
     scope = f"repository:{repo}:pull,push"
-    mount_from = _mount_source(source, ref)
+    sources = mount_sources(store, ref, source)
     client = RegistryClient(ref.registry, credentials, insecure=insecure)
     try:
         for blob in manifests.blobs(model.manifest):
             status = f"pushing {blob.digest.split(':', 1)[1][:12]}"
             emit({"status": status, "digest": blob.digest, "total": blob.size, "completed": 0})
-            if not _exists(client, repo, blob.digest, scope) and not _mount(client, repo, blob, mount_from,
-                                                                           scope):
-                _upload(client, repo, blob, store.blob_path(blob.digest), scope,
-                        _throttled(emit, status, blob))
+            if not _exists(client, repo, blob.digest, scope):
+                session = _mount(client, repo, blob, sources.get(blob.digest, []), scope)
+                if session is not None:
+                    _upload(client, repo, blob, store.blob_path(blob.digest), scope,
+                            _throttled(emit, status, blob), session or None)
             emit({"status": status, "digest": blob.digest, "total": blob.size, "completed": blob.size})
         emit({"status": "pushing manifest"})
         with client.request("PUT", f"/v2/{repo}/manifests/{ref.tag}", scope=scope,
@@ -83,14 +86,24 @@ def _throttled(emit: Emit, status: str, blob: manifests.Blob) -> Callable[[int],
     return progress
 
 
-def _mount_source(source: str | None, ref: Reference) -> str | None:
-    if not source:
-        return None
-    try:
-        src = parse_reference(source)
-    except Exception:
-        return None
-    return src.repository if src.registry == ref.registry and src.repository != ref.repository else None
+def mount_sources(store: Store, ref: Reference, source: str | None = None) -> dict[str, list[str]]:
+    """Blob digest -> other repositories of ``ref``'s registry that may hold it: ``source`` (a stored name)
+    first, then every stored model named on that registry whose manifest lists the blob."""
+    found: dict[str, list[str]] = {}
+    names = ([source] if source else []) + [m.reference for m in store.list()]
+    for name in names:
+        try:
+            other = parse_reference(name)
+            model = store.find(other)
+        except Exception:  # a name that does not parse (any more) mounts nothing
+            continue
+        if model is None or other.registry != ref.registry or other.repository == ref.repository:
+            continue
+        for blob in manifests.blobs(model.manifest):
+            repos = found.setdefault(blob.digest, [])
+            if other.repository not in repos:
+                repos.append(other.repository)
+    return found
 
 
 def _exists(client: RegistryClient, repo: str, digest: str, scope: str) -> bool:
@@ -101,19 +114,27 @@ def _exists(client: RegistryClient, repo: str, digest: str, scope: str) -> bool:
         return False
 
 
-def _mount(client: RegistryClient, repo: str, blob: manifests.Blob, source: str | None, scope: str) -> bool:
-    if source is None:
-        return False
-    query = urlencode({"mount": blob.digest, "from": source})
-    with client.request("POST", f"/v2/{repo}/blobs/uploads/?{query}", scope=scope) as response:
-        return response.status_code == 201
+def _mount(client: RegistryClient, repo: str, blob: manifests.Blob, sources: list[str],
+           scope: str) -> str | None:
+    """Try to mount ``blob`` from each of ``sources``; None when one did (201), else an upload session
+    URL a refused mount opened (202 + Location), or "" when none was opened."""
+    for source in sources[:MOUNT_TRIES]:
+        query = urlencode({"mount": blob.digest, "from": source})
+        mount_scope = f"{scope} repository:{source}:pull"
+        with client.request("POST", f"/v2/{repo}/blobs/uploads/?{query}", scope=mount_scope) as response:
+            if response.status_code == 201:
+                return None
+            if response.status_code == 202 and response.headers.get("location"):
+                return str(response.headers["location"])
+    return ""
 
 
 def _upload(client: RegistryClient, repo: str, blob: manifests.Blob, path: Path, scope: str,
-            on_bytes: Callable[[int], None]) -> None:
-    with client.request("POST", f"/v2/{repo}/blobs/uploads/", scope=scope) as response:
-        check(response, f"upload of {blob.digest[:19]}")
-        location = response.headers.get("location")
+            on_bytes: Callable[[int], None], location: str | None = None) -> None:
+    if location is None:
+        with client.request("POST", f"/v2/{repo}/blobs/uploads/", scope=scope) as response:
+            check(response, f"upload of {blob.digest[:19]}")
+            location = response.headers.get("location")
     if not location:
         raise RegistryError(f"{client.registry}: upload of {blob.digest[:19]} got no Location")
     url = urljoin(client.base + "/", location)

@@ -1,5 +1,6 @@
-"""The bulk-data GET of a blob on ``http.client`` (``readinto`` a reused buffer): about 3x the throughput
-of httpx's streaming on loopback, which matters for multi-GB layers (bench/bench_pull.py).
+"""The bulk-data GET of a blob on ``http.client``: about 3x the throughput of httpx's streaming on
+loopback, which matters for multi-GB layers (bench/bench_pull.py). The sink either takes the socket and
+moves the body with ``splice(2)`` (plain HTTP) or lends buffers that ``readinto`` fills.
 
 Auth is settled beforehand by a ``HEAD`` through :class:`RegistryClient` (so its token or basic
 credentials apply); redirects (blob storage behind the registry) are followed up to :data:`MAX_REDIRECTS`
@@ -10,20 +11,35 @@ registry may answer 307 to another location).
 from __future__ import annotations
 
 import http.client
+import socket
 from collections.abc import Callable
+from typing import Protocol
 from urllib.parse import urljoin, urlsplit
 
 from llmman.registry.client import RegistryClient, RegistryError, RegistryUnavailable
 
 MAX_REDIRECTS = 5
-BUFFER = 1 << 20
 
 
-def get_blob(client: RegistryClient, path: str, headers: dict[str, str], on_status: Callable[[int], None],
-             sink: Callable[[memoryview], None]) -> int:
-    """GET ``client.base + path`` with ``headers``; ``on_status`` gets the final status (200 or 206) before
-    the body, then ``sink`` each piece of it; returns the status. Raises RegistryUnavailable for transport
-    failures, stalls and 5xx/429 (retryable), RegistryError for other statuses."""
+class BodySink(Protocol):
+    """Where a blob's body goes: :meth:`buffer` lends a buffer to read into, :meth:`push` takes back its
+    first ``n`` bytes (the network thread never waits for the bytes to be written or hashed)."""
+
+    def buffer(self) -> memoryview: ...
+
+    def push(self, n: int) -> None: ...
+
+    def splice(self, response: http.client.HTTPResponse, sock: socket.socket | None) -> bool:
+        """Consume the whole body straight from ``sock`` if the sink can (True), else do nothing."""
+        ...
+
+
+def get_blob(client: RegistryClient, path: str, headers: dict[str, str],
+             open_sink: Callable[[int], BodySink]) -> int:
+    """GET ``client.base + path`` with ``headers``; ``open_sink`` gets the final status (200 or 206)
+    before the body and returns the sink the body is read into; returns the status. Raises
+    RegistryUnavailable for transport failures, stalls and 5xx/429 (retryable), RegistryError for other
+    statuses; whatever the sink raises passes through."""
     url = client.base + path
     for _ in range(MAX_REDIRECTS + 1):
         parts = urlsplit(url)
@@ -52,17 +68,18 @@ def get_blob(client: RegistryClient, path: str, headers: dict[str, str], on_stat
                 text = response.read(300).decode("utf-8", "replace")
                 error = RegistryUnavailable if status >= 500 or status in (401, 429) else RegistryError
                 raise error(f"{path}: registry answered {status}: {text}")
-            on_status(status)
-            buf = bytearray(BUFFER)
-            view = memoryview(buf)
+            sink = open_sink(status)
+            if sink.splice(response, conn.sock):
+                return status
             while True:
+                buf = sink.buffer()
                 try:
                     n = response.readinto(buf)
                 except (OSError, http.client.HTTPException) as exc:
                     raise RegistryUnavailable(f"{parts.netloc}: {exc or type(exc).__name__}") from exc
                 if not n:
                     return status
-                sink(view[:n])
+                sink.push(n)
         finally:
             conn.close()
     raise RegistryError(f"{path}: more than {MAX_REDIRECTS} redirects")

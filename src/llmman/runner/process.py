@@ -13,29 +13,24 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import os
 import shlex
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import aiohttp
 
 from llmman.errors import LoadTimeout, RunnerError
 from llmman.runner.argv import LaunchSpec, build_argv
 from llmman.runner.binary import free_port
+from llmman.runner.child import BindFailed, Child, load_exit_error, poll_health, signal_group, spawn, url
 from llmman.runner.crash import Cause, classify
 from llmman.runner.health import WatchdogPolicy, watch
 from llmman.runner.logs import ChildLog
-from llmman.runner.orphans import die_with_parent_hook
 
 logger = logging.getLogger(__name__)
 
 _EXIT_TAIL_LINES = 10  # lines of child output quoted in errors and exit logs
 _DRAIN_GRACE = 2.0  # seconds to wait for EOF on the pipes after the child exited
-_POLL_TIMEOUT = 2.0  # seconds for one GET /health
 
 
 class RunnerState(enum.Enum):
@@ -46,19 +41,6 @@ class RunnerState(enum.Enum):
     STOPPING = "stopping"
     STOPPED = "stopped"
     FAILED = "failed"
-
-
-class _BindFailed(RunnerError):
-    """The child exited because its port was taken (llama-server: ``couldn't bind HTTP server socket``)."""
-
-
-@dataclass(eq=False)
-class _Child:
-    proc: asyncio.subprocess.Process
-    port: int
-    first_line: int  # ChildLog.count when it was spawned: its own lines come after
-    done: asyncio.Event = field(default_factory=asyncio.Event)  # reaped and pipes drained
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 class LlamaServerProcess:
@@ -74,7 +56,9 @@ class LlamaServerProcess:
         port: a fixed port, or None to pick a free one (then one retry if it was taken meanwhile).
         ring_lines: how many recent output lines to keep in memory.
         on_exit: called once, synchronously, when the child dies while READY (never for ``stop()``).
-        poll_interval: seconds between ``GET /health`` polls while loading.
+        poll_interval: seconds between ``GET /health`` polls while loading; 25 ms puts on average
+            ~12 ms between ready and noticed (a cold start's overhead, bench/bench_cold.py) for a
+            few dozen loopback requests a second to a child that answers 503 at once.
         health_interval: seconds between ``GET /health`` probes while READY (runner.health); 0 = no
             watchdog. After ``health_failures`` unanswered probes in a row the child counts as hung: its
             process group is SIGKILLed and it dies like a crash (``on_exit``, ``exit_cause`` HUNG,
@@ -96,7 +80,7 @@ class LlamaServerProcess:
         port: int | None = None,
         ring_lines: int = 100,
         on_exit: Callable[[LlamaServerProcess], None] | None = None,
-        poll_interval: float = 0.1,
+        poll_interval: float = 0.025,
         health_interval: float = 0.0,
         health_failures: int = 3,
     ) -> None:
@@ -113,7 +97,7 @@ class LlamaServerProcess:
         self._hung_reason: str | None = None
         self._log = ChildLog(log_path, ring_lines=ring_lines)
         self._state = RunnerState.STOPPED
-        self._child: _Child | None = None
+        self._child: Child | None = None
         self._start_called = False
         self._stop_requested = False
         self._stop_task: asyncio.Task[None] | None = None
@@ -208,32 +192,21 @@ class LlamaServerProcess:
                 if self._stop_requested:  # stop() raced the last health poll: do not report READY
                     raise RunnerError("llama-server was stopped while loading")
                 return
-            except _BindFailed:
+            except BindFailed:
                 if attempt == 2 or self._fixed_port is not None or self._stop_requested:
                     raise
                 self._log.note(f"port {port} was taken; retrying on another port")
 
-    async def _spawn(self, port: int) -> _Child:
+    async def _spawn(self, port: int) -> Child:
         async with self._spawn_lock:
             if self._stop_requested:
                 raise RunnerError("llama-server was stopped before it started")
             argv = build_argv(self.binary, self.spec, host=self._host, port=port)
             self._log.note("starting: " + shlex.join(argv))
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    env=self._env,
-                    start_new_session=True,  # own process group: stop() signals the whole group
-                    preexec_fn=die_with_parent_hook(),  # killed with the daemon, even by SIGKILL
-                )
-            except OSError as exc:
-                raise RunnerError(f"cannot run llama-server {self.binary!r}: {exc}") from exc
+            proc = await spawn(argv, self._env)
             self._last_output = asyncio.get_running_loop().time()
             self.started_at = time.time()
-            child = _Child(proc=proc, port=port, first_line=self._log.count)
+            child = Child(proc=proc, port=port, first_line=self._log.count)
             assert proc.stdout is not None and proc.stderr is not None
             child.tasks = [
                 asyncio.create_task(self._log.drain(proc.stdout, "stdout", self._on_output)),
@@ -244,10 +217,10 @@ class LlamaServerProcess:
             self.spawned.set()
             return child
 
-    async def _await_ready(self, child: _Child) -> None:
+    async def _await_ready(self, child: Child) -> None:
         """Race the health poll against the child's exit and the output stall timer."""
         loop = asyncio.get_running_loop()
-        poll = asyncio.create_task(self._poll_health(child.port))
+        poll = asyncio.create_task(poll_health(self._url(child.port), self._poll_interval))
         died = asyncio.create_task(child.done.wait())
         try:
             while True:
@@ -270,45 +243,22 @@ class LlamaServerProcess:
             died.cancel()
             await asyncio.gather(poll, died, return_exceptions=True)
 
-    def _own_tail(self, child: _Child) -> list[str]:
+    def _own_tail(self, child: Child) -> list[str]:
         """The last lines printed by ``child`` itself (not by an earlier attempt)."""
         return self._log.tail(min(self._log.count - child.first_line, _EXIT_TAIL_LINES))
 
-    def _exit_error(self, child: _Child) -> RunnerError:
-        tail = self._own_tail(child)
+    def _exit_error(self, child: Child) -> RunnerError:
         if self._stop_requested:
             return RunnerError("llama-server was stopped while loading")
-        if any("couldn't bind" in line for line in tail):
-            return _BindFailed(f"llama-server could not bind {self._host}:{child.port}: " + "\n".join(tail))
-        code = child.proc.returncode
-        self.exit_cause = classify(self._own_lines(child), code)
-        error = RunnerError(f"llama-server exited with code {code} while loading "
-                            f"({self.exit_cause.value}): " + "\n".join(tail))
-        error.cause = self.exit_cause.value
+        error, cause = load_exit_error(self._own_tail(child), self._own_lines(child), child.proc.returncode,
+                                       f"{self._host}:{child.port}")
+        if cause is not None:
+            self.exit_cause = cause
         return error
 
-    def _own_lines(self, child: _Child) -> list[str]:
+    def _own_lines(self, child: Child) -> list[str]:
         """Every line ``child`` printed that the ring buffer still holds (for runner.crash)."""
         return self._log.tail(self._log.count - child.first_line)
-
-    async def _poll_health(self, port: int) -> None:
-        """Return once ``GET /health`` answers 200; 503 (loading), other codes and errors mean poll again.
-
-        A fresh connection per poll: a pooled connection from the loading phase can go stale.
-        """
-        url = self._url(port) + "/health"
-        timeout = aiohttp.ClientTimeout(total=_POLL_TIMEOUT)
-        connector = aiohttp.TCPConnector(force_close=True)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            while True:
-                try:
-                    async with session.get(url) as resp:
-                        await resp.read()
-                        if resp.status == 200:
-                            return
-                except (aiohttp.ClientError, TimeoutError):
-                    pass
-                await asyncio.sleep(self._poll_interval)
 
     # ------------------------------------------------------------------------------- child plumbing
     def _free_port(self) -> int:
@@ -321,11 +271,11 @@ class LlamaServerProcess:
         """Any output at all (a chunk, not only a full line) resets the load stall timer."""
         self._last_output = asyncio.get_running_loop().time()
 
-    async def _watch(self, child: _Child, drains: list[asyncio.Task[None]]) -> None:
+    async def _watch(self, child: Child, drains: list[asyncio.Task[None]]) -> None:
         """Await the child's exit; report a death while READY at once."""
         code = await child.proc.wait()
         self._cancel_health()
-        self._signal_group(child, signal.SIGKILL)  # anything left in its process group
+        signal_group(child, signal.SIGKILL)  # anything left in its process group
         _, pending = await asyncio.wait(drains, timeout=_DRAIN_GRACE)
         for task in pending:  # a process outside the group holds the pipe: stop reading it
             task.cancel()
@@ -351,7 +301,7 @@ class LlamaServerProcess:
             except Exception:
                 logger.exception("on_exit callback for %s failed", self.spec.alias)
 
-    def _hung(self, child: _Child, reason: str) -> None:
+    def _hung(self, child: Child, reason: str) -> None:
         """The watchdog gave up on ``child``: SIGKILL its group; :meth:`_watch` reports the exit."""
         if child is not self._child or self._state is not RunnerState.READY:
             return
@@ -359,27 +309,20 @@ class LlamaServerProcess:
         logger.warning("llama-server for %s (pid %d) is %s: killing it", self.spec.alias, child.proc.pid,
                        reason)
         self._log.note(f"{reason}: SIGKILL")
-        self._signal_group(child, signal.SIGKILL)
+        signal_group(child, signal.SIGKILL)
 
     def _cancel_health(self) -> None:
         if self._health_task is not None and self._health_task is not asyncio.current_task():
             self._health_task.cancel()
 
-    def _signal_group(self, child: _Child, sig: signal.Signals) -> None:
-        try:
-            os.killpg(child.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass  # the group is gone already
-
     async def _kill_and_reap(self) -> None:
         child = self._child
         if child is not None:
-            self._signal_group(child, signal.SIGKILL)
+            signal_group(child, signal.SIGKILL)
             await child.done.wait()
 
     def _url(self, port: int) -> str:
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{port}"
+        return url(self._host, port)
 
     # ------------------------------------------------------------------------------------------ stop
     async def stop(self, grace: float = 10.0) -> None:
@@ -402,12 +345,12 @@ class LlamaServerProcess:
             self._state = RunnerState.STOPPING
             if child.proc.returncode is None:
                 self._log.note(f"stopping: SIGTERM, {grace:g} s grace")
-                self._signal_group(child, signal.SIGTERM)
+                signal_group(child, signal.SIGTERM)
                 try:
                     await asyncio.wait_for(child.done.wait(), grace)
                 except TimeoutError:
                     self._log.note("still running after the grace period: SIGKILL")
-                    self._signal_group(child, signal.SIGKILL)
+                    signal_group(child, signal.SIGKILL)
             await child.done.wait()
             self._log.note(f"stopped, exit code {child.proc.returncode}")
         self._state = RunnerState.STOPPED

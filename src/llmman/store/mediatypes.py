@@ -1,7 +1,14 @@
 """Media types and annotation keys of the OCI image layout and of the model artifacts llmman stores.
 
 Sources: OCI image-spec 1.1 (image-layout.md, image-index.md, manifest.md, annotations.md), CNCF ModelPack
-(modelpack/model-spec docs/spec.md, annotations.md), Docker Model Runner artifacts (model-distribution).
+(modelpack/model-spec docs/spec.md, annotations.md), Docker Model Runner artifacts (model-distribution),
+Ollama's Modelfile layers (server/images.go) for derived models.
+
+Derived models (``POST /api/create`` with ``system``/``parameters``/``messages``/``license``,
+:mod:`llmman.store.derive`) use Ollama's own layer types, so a registry, ``oras`` or Ollama itself reads
+them by the same name: ``application/vnd.ollama.image.system`` (UTF-8 text), ``.params`` (a JSON object of
+Ollama options), ``.messages`` (a JSON array of ``{role, content}``), ``.license`` (UTF-8 text, one layer
+per license).
 """
 
 from __future__ import annotations
@@ -35,3 +42,11 @@ CREATED = "org.opencontainers.image.created"
 FILEPATH = "org.cncf.model.filepath"
 ROLE = "ai.llmman.role"
 ROLE_MMPROJ = "mmproj"
+
+# Ollama Modelfile layers, used by derived models
+OLLAMA_SYSTEM = "application/vnd.ollama.image.system"
+OLLAMA_PARAMS = "application/vnd.ollama.image.params"
+OLLAMA_MESSAGES = "application/vnd.ollama.image.messages"
+OLLAMA_LICENSE = "application/vnd.ollama.image.license"
+OLLAMA_TEMPLATE = "application/vnd.ollama.image.template"
+DERIVED_TYPES = frozenset({OLLAMA_SYSTEM, OLLAMA_PARAMS, OLLAMA_MESSAGES, OLLAMA_LICENSE})

@@ -1,0 +1,85 @@
+"""What the scheduler is asked to run: a model's plan, the child it gets, and the launcher contract.
+
+:class:`ModelPlan` is resolved from the store by the gateway; :data:`Launcher` starts a child for it
+(runner.process.LlamaServerProcess in the daemon, fakes in tests); :class:`Runner` is what the
+scheduler needs of that child.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+MAX_KEEP_ALIVE = 292 * 365.25 * 86400.0
+"""Seconds; a longer keep_alive means forever (Go's largest duration, where Ollama's ends too)."""
+
+
+class Runner(Protocol):
+    """What the scheduler needs of a started llama-server child (runner.process.LlamaServerProcess)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    async def stop(self, grace: float = 10.0) -> None: ...
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Everything needed to start one model, resolved from the store by the caller.
+
+    Attributes:
+        reference: canonical full reference, e.g. ``docker.io/ai/smollm2:135m`` (the table key).
+        digest: manifest digest ``sha256:<hex>``.
+        size: bytes of weights (sum of the manifest's layers).
+        n_ctx: context per slot in tokens, already clamped to the model's trained context.
+        model_path: the file for llama-server's ``-m`` (first shard of a split GGUF).
+        mmproj_path: the multimodal projector for ``--mmproj``, or None.
+        details: Ollama ``details`` object for listings (family, parameter_size, quantization_level).
+        estimate: predicted memory in bytes (llmman.memory.estimate), 0 = unknown (admitted freely).
+        n_parallel: slots (``-np``); requests beyond them wait inside llama-server and count as queued.
+        embedding: start the child with ``--embeddings`` (its own child, beside a chat child of the model).
+        pooling: ``--pooling`` for an embedding child (``mean`` for chat models whose GGUF has none), or None.
+        n_gpu_layers: ``-ngl`` from the model's preset (llmman.presets), or None.
+        devices: GPU ids for the child's ``*_VISIBLE_DEVICES`` from its preset, or None.
+        extra_args: the preset's ``extra_args``, appended to argv.
+    """
+
+    reference: str
+    digest: str
+    size: int
+    n_ctx: int
+    model_path: str = ""
+    mmproj_path: str | None = None
+    details: dict[str, object] = field(default_factory=dict)
+    estimate: int = 0
+    n_parallel: int = 1
+    embedding: bool = False
+    pooling: str | None = None
+    n_gpu_layers: int | None = None
+    devices: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """The scheduler's table key: the reference, plus ``#embedding`` for an embedding child."""
+        return self.reference + "#embedding" if self.embedding else self.reference
+
+    @property
+    def child(self) -> tuple[object, ...] | None:
+        """What makes two plans one child: the same GGUF file and the same child options (not the
+        context: a loaded context at least as large is reused, see Scheduler.acquire). Store paths are
+        content-addressed blobs, so a copy (``llmman cp``) or a second tag of a model shares its child,
+        as Ollama keys its runners by model path. None when the file is unknown (never shared)."""
+        if not self.model_path:
+            return None
+        return (self.model_path, self.mmproj_path, self.embedding, self.pooling, self.n_parallel,
+                self.n_gpu_layers, self.devices, self.extra_args)
+
+
+Launcher = Callable[[ModelPlan, Callable[[Runner], None]], Awaitable[Runner]]
+"""Starts a child for a plan and returns it once ready; the second argument is the on-exit
+callback the child must call if it dies on its own. Raises RunnerError on failure."""

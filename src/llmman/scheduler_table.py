@@ -1,0 +1,127 @@
+"""The entries of the scheduler's table of loaded models, the views of them, and the leases on them.
+
+:class:`LoadedModel` is one mutable entry (owned by llmman.scheduler.Scheduler); :class:`LoadedSnapshot`
+is its read-only view for ``/api/ps``, ``llmman ps`` and ``/llmman/node`` (:func:`snapshot_of`);
+a :class:`Lease` is one request's hold on an entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmman.scheduler_plan import ModelPlan, Runner
+
+
+@dataclass
+class LoadedModel:
+    """One entry of the table. Mutable; owned by the scheduler."""
+
+    plan: ModelPlan
+    keep_alive: float
+    runner: Runner | None = None
+    refcount: int = 0
+    started_at: float = 0.0
+    expires_at: float | None = None
+    load_task: asyncio.Task[Runner] | None = None
+    timer: asyncio.TimerHandle | None = None
+    unload_when_idle: bool = False
+    admitted: bool = False  # counted against the node's memory
+    evicting: bool = False  # chosen to make room: unload when idle, whatever keep_alive says
+    usage_host: int = 0  # bytes llama-server reported after loading (0 = not reported)
+    usage_device: int = 0
+    oom_ctx: int = 0  # the context that ran out of memory (plan.n_ctx is then the smaller one that fit)
+    sharers: set[str] = field(default_factory=set)  # other table keys served by this child (ModelPlan.child)
+
+    @property
+    def ready(self) -> bool:
+        """True once the child answered ``/health`` with 200."""
+        return self.runner is not None
+
+    @property
+    def memory(self) -> int:
+        """Bytes this model takes: llama-server's own figure once loaded, else the estimate."""
+        measured = self.usage_host + self.usage_device
+        return measured if measured else self.plan.estimate
+
+
+@dataclass(frozen=True)
+class LoadedSnapshot:
+    """A read-only view of one loaded model, for ``/api/ps`` and ``llmman ps``.
+
+    Times are unix seconds; ``expires_at`` is None for a model kept forever.
+    """
+
+    reference: str
+    digest: str
+    size: int
+    n_ctx: int
+    details: dict[str, object]
+    started_at: float
+    expires_at: float | None
+    refcount: int
+    ready: bool
+    pid: int | None
+    memory: int = 0
+    memory_device: int = 0
+
+
+class Lease:
+    """A hold on a loaded model. Release it exactly once (``async with`` does it).
+
+    Attributes:
+        base_url: the child's ``http://127.0.0.1:PORT``.
+        reference: the canonical reference of the model.
+        load_duration: seconds spent waiting for the model (queue + load), for Ollama's
+            ``load_duration``.
+    """
+
+    def __init__(self, release: Callable[[LoadedModel], None], entry: LoadedModel, runner: Runner,
+                 load_duration: float) -> None:
+        self._release = release
+        self._entry = entry
+        self.base_url = runner.base_url
+        self.reference = entry.plan.reference
+        self.load_duration = load_duration
+        self.runner = runner
+        self._released = False
+
+    def release(self) -> None:
+        """Drop the hold; starts the keep-alive timer when it was the last one. Idempotent."""
+        if not self._released:
+            self._released = True
+            self._release(self._entry)
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+def snapshot_of(entry: LoadedModel, now: float) -> LoadedSnapshot:
+    """``entry`` as seen at unix time ``now``: a busy or loading model shows ``expires_at`` = now +
+    keep_alive, as Ollama does; a model kept forever shows None."""
+    expires: float | None
+    if math.isinf(entry.keep_alive):
+        expires = None
+    elif entry.expires_at is not None:
+        expires = entry.expires_at
+    else:
+        expires = now + max(entry.keep_alive, 0.0)
+    return LoadedSnapshot(
+        reference=entry.plan.reference,
+        digest=entry.plan.digest,
+        size=entry.plan.size,
+        n_ctx=entry.plan.n_ctx,
+        details=entry.plan.details,
+        started_at=entry.started_at or now,
+        expires_at=expires,
+        refcount=entry.refcount,
+        ready=entry.ready,
+        pid=entry.runner.pid if entry.runner is not None else None,
+        memory=entry.memory,
+        memory_device=entry.usage_device,
+    )
