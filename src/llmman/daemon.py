@@ -116,7 +116,7 @@ def make_peers(settings: Settings) -> Peers:
     """The aggregation's peers (``aggregation.peers``) with their own HTTP session and the peer key
     (``aggregation.api_key``, else the first of ``auth.api_keys``); ``https://`` peers are verified against
     the system CAs plus ``tls.ca_file``."""
-    addresses = parse_peers(settings.peers)
+    addresses = parse_peers(settings.peers, settings.host)
     key = settings.api_key or next((k.strip() for k in settings.api_keys.split(",") if k.strip()), "")
     connector = aiohttp.TCPConnector(limit=0, ssl=client_context(settings.ca_file))
     session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
@@ -150,6 +150,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         max_queue=settings.max_queue,
         heal_base=settings.restart_backoff,
     )
+    peers = make_peers(settings)  # before any other session: a bad peer list fails with nothing to close
     # llama-server closes a connection after each streamed answer while announcing keep-alive, so a
     # pooled connection can be dead when reused: one fresh loopback connection per request instead.
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
@@ -162,7 +163,6 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
                       aliases=settings.aliases, num_parallel=settings.num_parallel, presets=settings.presets)
     puller = Puller(store, CredentialStore(default_credentials_path()), offline=settings.offline)
     gateway.puller = puller  # models missing from the store are pulled on first use
-    peers = make_peers(settings)
     app = build_app(Services(settings=settings, store=store, scheduler=scheduler, gateway=gateway,
                              puller=puller, peers=peers))
     config = uvicorn.Config(

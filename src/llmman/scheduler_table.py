@@ -66,6 +66,7 @@ class LoadedSnapshot:
     pid: int | None
     memory: int = 0
     memory_device: int = 0
+    embedding: bool = False  # an ``--embeddings`` child, beside any chat child of the same model
 
 
 class Lease:
@@ -124,4 +125,5 @@ def snapshot_of(entry: LoadedModel, now: float) -> LoadedSnapshot:
         pid=entry.runner.pid if entry.runner is not None else None,
         memory=entry.memory,
         memory_device=entry.usage_device,
+        embedding=entry.plan.embedding,
     )

@@ -45,6 +45,9 @@ def test_chat_and_embedding_children_side_by_side(base_url: str, daemon: Daemon)
     # this model's children only (the session's daemon also serves smollm2-agent)
     mine = [c.cmdline() for c in daemon.children() if MODEL_REF in c.cmdline()]
     assert len(mine) == 2 and sum("--embeddings" in argv for argv in mine) == 1
+    # /api/ps lists the model once, as Ollama does (clients key on the name), with both children's memory
+    rows = [m for m in httpx.get(daemon.url + "/api/ps").json()["models"] if m["name"] == MODEL_REF]
+    assert [m["processor"] for m in rows] == ["llama-server"], rows
 
 
 def test_openai_embeddings(base_url: str) -> None:
@@ -98,3 +101,29 @@ def test_fuzzed_bodies_never_500(base_url: str, body: bytes, path: str) -> None:
     if r.status_code == 400:
         err = r.json()["error"]
         assert isinstance(err, str) if path.startswith("/api/") else err["type"] == "invalid_request_error"
+
+
+SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank. "  # about 14 tokens
+
+
+def test_long_inputs_fit_or_truncate(base_url: str) -> None:
+    """Inputs over llama-server's default 512-token batch embed (the child's -b/-ub follow its context);
+    inputs over the context are cut to it (Ollama's ``truncate``, default true, also on the OpenAI and
+    legacy routes) or, with ``truncate: false``, refused with Ollama's 400."""
+    client = ollama.Client(host=base_url, timeout=300)
+    small = {"num_ctx": 512}  # a child already loaded with a larger context is reused: bounds below allow it
+    medium = client.embed(model=MODEL_NAME, input=SENTENCE * 45, options=small)  # about 600 tokens
+    assert len(medium.embeddings[0]) == 576 and (medium.prompt_eval_count or 0) > 500
+    huge = SENTENCE * 360  # about 5000 tokens, over any context this suite loads
+    cut = client.embed(model=MODEL_NAME, input=["short one", huge], options=small)
+    assert [len(v) for v in cut.embeddings] == [576, 576]
+    assert math.isclose(math.fsum(v * v for v in cut.embeddings[1]), 1.0, rel_tol=1e-3)
+    assert 500 < (cut.prompt_eval_count or 0) < 4800
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.embed(model=MODEL_NAME, input=huge, truncate=False, options=small)
+    assert refused.value.status_code == 400
+    assert refused.value.error == "the input length exceeds the context length"
+    assert len(client.embeddings(model=MODEL_NAME, prompt=huge, options=small).embedding) == 576
+    oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    out = oai.embeddings.create(model=MODEL_NAME, input=[huge, SENTENCE * 45])
+    assert [len(d.embedding) for d in out.data] == [576, 576] and out.usage.prompt_tokens < 2 * 4800

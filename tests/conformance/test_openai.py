@@ -60,6 +60,48 @@ def test_responses_codex_shaped(base_url: str) -> None:
     assert events[-1] == "response.completed" and "response.output_text.delta" in events
 
 
+def test_answers_echo_the_requested_model(base_url: str) -> None:
+    """llama-server names itself by its alias (the canonical reference); clients get the name they sent,
+    as from Ollama, streamed and not, on every passed-through route; the full reference stays as is."""
+    client = _client(base_url)
+    msgs: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
+    for name in (MODEL_NAME, MODEL_REF):
+        assert client.chat.completions.create(model=name, max_tokens=2, messages=msgs).model == name
+        chunks = list(client.chat.completions.create(model=name, max_tokens=2, messages=msgs, stream=True))
+        assert chunks and {c.model for c in chunks} == {name}
+    assert client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2).model == MODEL_NAME
+    pieces = list(client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2, stream=True))
+    assert pieces and {p.model for p in pieces} == {MODEL_NAME}
+    assert client.responses.create(model=MODEL_NAME, input="Hi", max_output_tokens=2).model == MODEL_NAME
+    events = list(client.responses.create(model=MODEL_NAME, input="Hi", max_output_tokens=2, stream=True))
+    # llama-server's response.created / in_progress events carry no model; response.completed does
+    named = {r.model for e in events if (r := getattr(e, "response", None)) is not None and r.model}
+    assert named == {MODEL_NAME}
+
+
+def test_models_retrieve(base_url: str) -> None:
+    """``client.models.retrieve``: the id as sent (short or full, ``/`` and ``:`` included), through the hop
+    too (the front's store is empty: it finds the model in its peer's list); OpenAI's 404 otherwise."""
+    client = _client(base_url)
+    for name in (MODEL_NAME, MODEL_REF):
+        got = client.models.retrieve(name)
+        assert got.id == name and got.object == "model" and (got.model_extra or {})["context_length"] > 0
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("docker.io/ai/nope:1b")
+    assert missing.value.code == "model_not_found"
+
+
+def test_responses_bad_input_item_is_openai_shaped(base_url: str) -> None:
+    """llama-server's ``{"error": {"code": 400, ...}}`` reaches the client in OpenAI's shape (``code`` is a
+    string or null there)."""
+    with httpx.Client(base_url=base_url, timeout=120) as c:
+        r = c.post("/v1/responses", json={"model": MODEL_NAME, "input": [{"type": "bogus"}]})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] is None and err["param"] is None and err["type"] == "invalid_request_error"
+    assert isinstance(err["message"], str) and err["message"]
+
+
 def test_responses_input_tokens(base_url: str) -> None:
     with httpx.Client(base_url=base_url, timeout=120) as c:
         short = c.post("/v1/responses/input_tokens", json={"model": MODEL_NAME, "input": "Hi"}).json()

@@ -125,7 +125,9 @@ def test_cli_reaches_an_https_daemon_with_the_ca(pair: Pair) -> None:
     assert "NAME" in ok.stdout
     refused = _cli(pair, "ps", ca=False)
     assert refused.returncode != 0
-    assert "could not connect" in refused.stderr or "certificate" in refused.stderr.lower()
+    assert "certificate verify failed" in refused.stderr and "LLMMAN_TLS_CA" in refused.stderr, refused.stderr
+    listed = _cli(pair, "list", ca=False)  # a daemon that answers is never replaced by the local store
+    assert listed.returncode != 0 and "LLMMAN_TLS_CA" in listed.stderr, listed.stdout + listed.stderr
 
 
 @pytest.mark.parametrize(("env", "needle"), [

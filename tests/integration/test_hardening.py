@@ -22,7 +22,7 @@ from llmman.refs import parse_reference
 from llmman.store import Store
 from tests.fakes.fake_llama_server import make_launcher as make_fake_binary
 from tests.fakes.inprocess import make_store
-from tests.integration.daemons import Daemon, start_daemon
+from tests.integration.daemons import Daemon, free_port, start_daemon
 from tests.unit.ggufgen import write_gguf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -125,7 +125,8 @@ def test_gc_in_another_process_keeps_in_flight_blobs(tmp_path: Path) -> None:
     # An in-flight build: its weight blob is written (pinned in this process), the manifest not yet put.
     blob = builder.write_blob([(tmp_path / "v.gguf").read_bytes() + b"new"])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMMAN_", "OLLAMA_"))}
-    env.update(HOME=str(tmp_path), LLMMAN_MODELS=str(store_dir))
+    # No daemon answers at LLMMAN_HOST, so the CLI works on the store itself (even if one runs on 17434).
+    env.update(HOME=str(tmp_path), LLMMAN_MODELS=str(store_dir), LLMMAN_HOST=f"127.0.0.1:{free_port()}")
     done = subprocess.run(
         [sys.executable, "-m", "llmman", "rm", "victim:1"],
         env=env,

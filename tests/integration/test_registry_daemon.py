@@ -20,7 +20,7 @@ import pytest
 from llmman.refs import parse_reference
 from llmman.registry.push import push
 from llmman.store import Store
-from tests.integration.daemons import Daemon, start_daemon
+from tests.integration.daemons import Daemon, free_port, start_daemon
 from tests.integration.registry import Registry, available, docker_artifact, gemma_file, start_registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(not available(), reason="docker-registry missing")]
@@ -60,7 +60,9 @@ def gemma(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> dict[
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Daemon]:
-    d = start_daemon(tmp_path_factory.mktemp("node"), extra_env={"LLMMAN_INSECURE_REGISTRIES": registry.host})
+    env = {"LLMMAN_INSECURE_REGISTRIES": registry.host,
+           "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}  # a Hugging Face nobody serves
+    d = start_daemon(tmp_path_factory.mktemp("node"), extra_env=env)
     yield d
     d.stop(signal.SIGTERM)
 
@@ -174,3 +176,18 @@ def test_gemma_both_artifact_kinds_pulled_back_and_served(node: Daemon, gemma: d
             answer = c.post("/api/generate", json=body, timeout=300)
             assert answer.status_code == 200, answer.text
             assert answer.json()["done"] is True and answer.json()["eval_count"] >= 1
+
+
+def test_cli_stop_never_pulls_and_unreachable_hugging_face_is_clear(node: Daemon) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "llmman", *args], env=node.env, capture_output=True,
+                              text=True, timeout=120)
+
+    with node.client() as c:  # an unload of a model not stored: 404 without a pull's reason
+        r = c.post("/api/generate", json={"model": "nosuch", "keep_alive": 0})
+        assert r.status_code == 404 and r.json() == {"error": "model 'nosuch' not found"}
+    out = cli("stop", "nosuch")
+    assert out.returncode == 1 and 'couldn\'t find model "nosuch" to unload' in out.stderr, out.stderr
+    out = cli("run", "hf.co/owner/repo", "hi")
+    assert out.returncode == 1 and "cannot reach http://127.0.0.1:" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr + node.log.read_text(errors="replace")

@@ -236,3 +236,17 @@ def test_tls_without_the_ca_fails_clearly(tmp_path: Path, secure: Registry) -> N
     ref = parse_reference(f"{secure.host}/ai/smollm2:tls")
     with pytest.raises(LlmmanError, match=r"CERTIFICATE_VERIFY_FAILED|certificate"):
         Puller(Store(tmp_path / "s")).pull(ref)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_loopback_plain_http_registry_needs_no_insecure(tmp_path: Path, registry: Registry, host: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """As Docker: a loopback registry is tried over HTTPS, then plain HTTP (no ``--insecure``)."""
+    from tests.unit.ggufgen import write_gguf
+
+    monkeypatch.delenv("LLMMAN_INSECURE_REGISTRIES", raising=False)
+    ref = parse_reference(f"{host}:{registry.host.rsplit(':', 1)[1]}/ai/loopback:{host.replace('.', '-')}")
+    src = Store(tmp_path / "src")
+    digest = src.build(ref, write_gguf(tmp_path / "m.gguf")).digest
+    assert push(src, ref, None, lambda _: None) == digest
+    assert Puller(Store(tmp_path / "dst")).pull(ref).digest == digest

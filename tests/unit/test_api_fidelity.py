@@ -155,6 +155,30 @@ def test_capability_errors_in_ollama_shape(app: InProcessApp, path: str, body: d
     assert app.loaded_pids() == []
 
 
+def test_show_verbose_must_be_a_boolean(app: InProcessApp) -> None:
+    """Ollama's ``verbose`` is a Go bool: any other JSON value is a 400, not ignored."""
+    for verbose in ("x", 1, [True]):
+        r = app.post("/api/show", json={"model": "tiny", "verbose": verbose})
+        assert (r.status_code, r.json()) == (400, {"error": "verbose must be a boolean"})
+    for ok in (True, False, None):
+        assert app.post("/api/show", json={"model": "tiny", "verbose": ok}).status_code == 200
+
+
+def test_retrieve_one_model(app: InProcessApp) -> None:
+    """``GET /v1/models/{id}`` (openai ``models.retrieve``): the id as sent, slashes and colons included;
+    OpenAI's 404 for a model the store lacks, without loading anything."""
+    listed = app.request("GET", "/v1/models").json()["data"][0]
+    for name in (listed["id"], "tiny"):
+        r = app.request("GET", f"/v1/models/{name}")
+        assert r.status_code == 200 and r.json() == {**listed, "id": name}
+    for missing in ("nope", "docker.io/ai/nope:1b", "bad::name"):
+        r = app.request("GET", f"/v1/models/{missing}")
+        assert r.status_code == 404
+        assert r.json() == {"error": {"message": f"model '{missing}' not found", "type": "not_found_error",
+                                      "param": None, "code": "model_not_found"}}  # as the other /v1 routes
+    assert app.loaded_pids() == []
+
+
 def test_cors_preflight_allowed_and_refused(app: InProcessApp) -> None:
     pre = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
     ok = app.request("OPTIONS", "/api/chat", headers={"Origin": "http://localhost:3000", **pre})

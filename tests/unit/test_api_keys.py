@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import httpx
 import pytest
 
@@ -38,3 +41,23 @@ async def test_no_keys_no_check() -> None:
     transport = httpx.ASGITransport(app=ApiKeys(ok, keys=" , "))
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         assert (await client.post("/api/chat")).status_code == 200
+
+
+@pytest.mark.parametrize(("path", "shape"), [
+    ("/api/chat", lambda d: d["error"]),
+    ("/v1/chat/completions", lambda d: d["error"]["code"] == "invalid_api_key"
+     and d["error"]["type"] == "invalid_request_error" and d["error"]["message"]),
+    ("/v1/messages", lambda d: d["type"] == "error" and d["error"]["type"] == "authentication_error"
+     and d["error"]["message"]),
+    ("/v1/messages/count_tokens", lambda d: d["error"]["type"] == "authentication_error"),
+    ("/v2/ai/smollm2/manifests/135m", lambda d: d["errors"][0]["code"] == "UNAUTHORIZED"
+     and d["errors"][0]["message"]),
+])
+async def test_401_in_the_route_dialect(path: str, shape: Callable[[Any], object]) -> None:
+    transport = httpx.ASGITransport(app=ApiKeys(ok, keys="k1"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        r = await client.post(path, headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"] == 'Bearer realm="llmman"'
+    assert shape(r.json())
+    assert all(spelling in r.text for spelling in ("Authorization: Bearer", "x-api-key", "x-goog-api-key"))

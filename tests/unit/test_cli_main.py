@@ -210,7 +210,7 @@ def test_stop_unloads(daemon: FakeDaemon) -> None:
 def test_stop_error_from_daemon(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:
     daemon.routes[("POST", "/api/generate")] = (404, {"error": "model 'nope' not found"})
     assert main(["stop", "nope"]) == 1
-    assert capsys.readouterr().err == "Error: model 'nope' not found\n"
+    assert capsys.readouterr().err == "Error: couldn't find model \"nope\" to unload\n"  # Ollama's words
 
 
 # -- run ------------------------------------------------------------------------------------------

@@ -193,6 +193,13 @@ def test_ps_table_node_column_only_when_some_entry_has_a_node() -> None:
     assert lines[2].split()[-2:] == ["spark", "Stopping..."]
 
 
+def test_ps_table_failed_entry_has_empty_until() -> None:
+    base = {"name": "m:latest", "digest": "ab" * 32, "size": 1, "expires_at": ago(1).isoformat()}
+    lines = ps_table([{**base, "processor": "failed (out of memory)"}, base], NOW).splitlines()
+    assert lines[1].endswith("failed (out of memory)") and "Stopping" not in lines[1]
+    assert lines[2].endswith("Stopping...")
+
+
 def test_ps_table_empty_prints_header() -> None:
     assert ps_table([], NOW) == "NAME    ID    SIZE    PROCESSOR    CONTEXT    STARTED    UNTIL\n"
 

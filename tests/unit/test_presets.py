@@ -122,5 +122,6 @@ def test_golden_argv_of_an_embedding_child_keeps_pooling_before_the_preset_args(
         pooling="mean",
         extra_args=("--batch-size", "512"),
     )
-    assert build_argv("llama-server", launch_spec(plan), host="::1", port=1)[-6:] == [
-        "4", "--embeddings", "--pooling", "mean", "--batch-size", "512"]  # fmt: skip
+    assert build_argv("llama-server", launch_spec(plan), host="::1", port=1)[-10:] == [
+        "4", "--embeddings", "-b", "512", "-ub", "512",
+        "--pooling", "mean", "--batch-size", "512"]  # fmt: skip

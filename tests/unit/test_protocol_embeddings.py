@@ -9,7 +9,15 @@ import struct
 import pytest
 
 from llmman.errors import BadRequest, LlmmanError
-from llmman.protocol.embeddings import embed_request, legacy_request, shorten_answer, vectors
+from llmman.protocol.embeddings import (
+    TOO_LONG,
+    embed_request,
+    fit_tokens,
+    legacy_request,
+    shorten_answer,
+    too_long,
+    vectors,
+)
 
 ANSWER = {"model": "x", "object": "list", "usage": {"prompt_tokens": 3, "total_tokens": 3},
           "data": [{"embedding": [0.0, 0.6, 0.8], "index": 1, "object": "embedding"},
@@ -66,3 +74,38 @@ def test_shorten_openai_answer_float_and_base64() -> None:
     assert struct.unpack("<2f", base64.b64decode(row["embedding"])) == (0.0, 1.0)
     assert shorten_answer({"data": [{"embedding": "%%%"}]}, 2) == {"data": [{"embedding": "%%%"}]}
     assert shorten_answer({"error": "x"}, 2) == {"error": "x"}
+
+
+def test_truncate_and_num_ctx_parsed() -> None:
+    """``truncate`` defaults to true (Ollama); ``options.num_ctx`` sizes the embedding child."""
+    assert embed_request({"model": "m", "input": "a"}).truncate is True
+    assert embed_request({"model": "m", "input": "a", "truncate": None}).truncate is True
+    assert embed_request({"model": "m", "input": "a", "truncate": False}).truncate is False
+    assert embed_request({"model": "m", "input": "a", "options": {"num_ctx": 300}}).num_ctx == 300
+    assert embed_request({"model": "m", "input": "a"}).num_ctx is None
+    assert legacy_request({"model": "m", "prompt": "a", "options": {"num_ctx": 64}}).num_ctx == 64
+    with pytest.raises(BadRequest):
+        embed_request({"model": "m", "input": "a", "options": {"num_ctx": "big"}})
+
+
+def test_fit_tokens_cuts_or_refuses() -> None:
+    inputs = [[1, 2, 3, 4, 5], [7, 8], []]
+    assert fit_tokens(inputs, 3, truncate=True) == [[1, 2, 3], [7, 8], []]
+    assert fit_tokens(inputs, 5, truncate=False) == inputs  # exactly the context fits
+    with pytest.raises(BadRequest) as info:
+        fit_tokens(inputs, 4, truncate=False)
+    assert info.value.message == TOO_LONG == "the input length exceeds the context length"
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "expected"),
+    [
+        (500, "input (601 tokens) is too large to process. increase the physical batch size", True),
+        (400, "request (5001 tokens) exceeds the available context size (4096 tokens), try increasing", True),
+        (400, "Input content cannot be empty", False),
+        (500, "Context size has been exceeded.", False),
+        (200, "too large to process", False),
+    ],
+)
+def test_too_long(status: int, message: str, expected: bool) -> None:
+    assert too_long(status, message) is expected

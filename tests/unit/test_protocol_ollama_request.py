@@ -315,6 +315,9 @@ def test_generate_load_detection(body: dict[str, object], is_load: bool) -> None
         ({"system": ["s"]}, "system must be a string"),
         ({"raw": "yes"}, "raw must be a boolean"),
         ({"context": "1,2"}, "context must be an array"),
+        ({"context": [1, 2, "x"]}, "context must be an array of integers"),
+        ({"context": [1, True]}, "context must be an array of integers"),
+        ({"context": [1.5]}, "context must be an array of integers"),
         ({"images": PNG}, "images must be an array"),
     ],
 )

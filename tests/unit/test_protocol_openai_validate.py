@@ -246,6 +246,26 @@ def test_remap_upstream_error() -> None:
         "message": "Failed to parse tools: Missing tool type: 1", "type": "invalid_request_error",
         "param": None, "code": None}}))
     runtime = _err(500, "Context size has been exceeded.")
-    assert remap_upstream_error(500, runtime) == (500, runtime)
+    assert remap_upstream_error(500, runtime) == (500, orjson.dumps({"error": {
+        "message": "Context size has been exceeded.", "type": "server_error", "param": None, "code": None}}))
     assert remap_upstream_error(500, b"not json") == (500, b"not json")
     assert remap_upstream_error(200, b'{"choices": []}') == (200, b'{"choices": []}')
+
+
+def test_llama_server_error_shape_becomes_openais() -> None:
+    """OpenAI's ``code`` is a string or null: llama-server's integer status there is dropped, the status
+    line and its extra fields are kept; bodies already in OpenAI's shape pass unchanged."""
+    bogus = _err(400, "Unsupported input item type: bogus", "invalid_request_error")
+    assert remap_upstream_error(400, bogus) == (400, orjson.dumps({"error": {
+        "message": "Unsupported input item type: bogus", "type": "invalid_request_error", "param": None,
+        "code": None}}))
+    long = orjson.dumps({"error": {"code": 400, "message": "request (9 tokens) exceeds the available context",
+                                   "type": "exceed_context_size_error", "n_prompt_tokens": 9, "n_ctx": 8}})
+    status, body = remap_upstream_error(400, long)
+    assert status == 400 and orjson.loads(body)["error"] == {
+        "message": "request (9 tokens) exceeds the available context", "type": "exceed_context_size_error",
+        "param": None, "code": None, "n_prompt_tokens": 9, "n_ctx": 8}
+    ours = orjson.dumps({"error": {"message": "x", "type": "invalid_request_error", "param": None,
+                                   "code": "model_not_found"}})
+    assert remap_upstream_error(404, ours) == (404, ours)
+    assert remap_upstream_error(503, b'{"error": "Loading model"}') == (503, b'{"error": "Loading model"}')

@@ -39,9 +39,17 @@ def test_build_argv_full_golden() -> None:
         "llama-server", "-m", "/models/smol.gguf", "--host", "::1", "--port", "9",
         "-c", "8192", "-np", "4", "--no-kv-unified", "-a", "llava", "--no-ui", "--metrics",
         "--log-verbosity", "4",
-        "--mmproj", "/models/mmproj.gguf", "-ngl", "-2", "--embeddings", "-t", "3",
+        "--mmproj", "/models/mmproj.gguf", "-ngl", "-2", "--embeddings", "-b", "2048", "-ub", "2048",
+        "-t", "3",
         "--cache-ram", "512", "--no-warmup",
     ]  # fmt: skip
+
+
+def test_embedding_batch_is_the_slot_context() -> None:
+    """Each embedding input must fit in one ubatch: -b/-ub follow the per-slot context, never -c."""
+    argv = build_argv("b", LaunchSpec(MODEL, "a", 700, 3, embedding=True), host="h", port=1)
+    assert argv[argv.index("-b") + 1] == argv[argv.index("-ub") + 1] == "700"
+    assert "-ub" not in build_argv("b", LaunchSpec(MODEL, "a", 700, 3), host="h", port=1)
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,15 @@
 """ASGI middleware putting this node in its aggregation (SPEC G; rules in cluster/placement.py).
 
 * A request carrying ``x-llmman-hop`` is this node's alone: served here, lists answered for this node
-  only (a ``x-llmman-source`` header names the peer to copy a missing model from).
+  only. Its ``x-llmman-source`` header names the peer to copy a missing model from, and is honoured
+  only when it resolves to one of this node's configured peers (cluster/source.py); ``*`` there is
+  resolved by the connection's source address, else by asking the peers which one stores the model.
 * ``GET /api/ps``, ``/api/tags``, ``/v1/models`` merge the peers' answers (cluster/views.py).
 * An inference ``POST`` (and ``/api/show``) naming a model not loaded here probes the peers, ranks
   the nodes and serves it here or forwards the same bytes to the chosen peer, streaming its answer
-  back as it comes. A peer that fails before its status line is marked down and the next candidate
-  is tried; a failure after it ends the stream with an in-band error. A client that goes away closes
+  back as it comes. A peer that fails (or stays silent ``server.load_timeout``) before its status line is
+  marked down and the next candidate is tried; a failure or a stall as long after it ends the stream
+  with an in-band error. A client that goes away closes
   the upstream connection, which cancels the work on the peer.
 """
 
@@ -23,13 +26,14 @@ from starlette.datastructures import Headers
 
 from llmman.api.services import Services
 from llmman.cluster.copy import PULL_SOURCE, PullSource
-from llmman.cluster.forward import RESPONSE_DROP, SOURCE, forward_headers, in_band_error, open_forward
+from llmman.cluster.forward import RESPONSE_DROP, forward_headers, in_band_error, open_forward
 from llmman.cluster.peers import HOP, Peers, local_view, peer_name
 from llmman.cluster.placement import NodeView, model_size, rank
+from llmman.cluster.source import SOURCE, SOURCE_DIGEST, configured_source, source_digest, storing_peer
 from llmman.cluster.views import MERGED, merge
 from llmman.errors import LlmmanError
 from llmman.refs import parse_reference
-from llmman.settings_table import HostAddress, parse_host
+from llmman.settings_table import HostAddress
 
 log = logging.getLogger("llmman.cluster")
 
@@ -60,14 +64,32 @@ class Aggregate:
         headers = Headers(scope=scope)
         path, method = scope["path"], scope["method"]
         if HOP in headers or peers is None or not peers:
-            source = headers.get(SOURCE) if HOP in headers else None
-            if source and peers is not None:
-                PULL_SOURCE.set(_source(source, scope, peers))
+            if HOP in headers and SOURCE in headers and peers:
+                return await self._hop(scope, receive, send, services, peers)
             return await self.app(scope, receive, send)
         if method == "GET" and path in MERGED:
             return await self._view(scope, receive, send, peers)
         if method == "POST" and path in PLACED:
             return await self._place(scope, receive, send, services, peers)
+        return await self.app(scope, receive, send)
+
+    async def _hop(self, scope: Scope, receive: Receive, send: Send, services: Services,
+                   peers: Peers) -> None:
+        """A forwarded request naming where to copy its model from: only ever a configured peer."""
+        headers = Headers(scope=scope)
+        value, digest = headers[SOURCE], source_digest(headers.get(SOURCE_DIGEST))
+        client = scope.get("client")
+        address = configured_source(value, str(client[0]) if client else None, peers.addresses)
+        if address is None and "*" in value:  # the forwarder stores it; find it among our peers
+            body = await _read_body(receive)
+            receive = _replay(body, receive)
+            ref = _model_of(scope["path"], body, services.settings.aliases)
+            if ref is not None and services.store.find(parse_reference(ref)) is None:
+                log.info("%s %r names no configured peer: asking the peers which one stores %s",
+                         SOURCE, value, ref)
+                address = storing_peer(ref, await peers.probe(), peers.addresses)
+        if address is not None:
+            PULL_SOURCE.set(PullSource(address, peers.api_key, digest))
         return await self.app(scope, receive, send)
 
     async def _view(self, scope: Scope, receive: Receive, send: Send, peers: Peers) -> None:
@@ -104,7 +126,7 @@ class Aggregate:
         unload = _is_unload(scope["path"], body)
         if unload or scope["path"] == "/api/show":
             peers.recent.forget(ref)
-        elif await self._recent(scope, receive, send, peers, ref, body):
+        elif await self._recent(scope, receive, send, peers, ref, body, services.settings.load_timeout):
             return None
         nodes = [local_view(services.scheduler, services.store), *await peers.probe()]
         candidates = _candidates(scope["path"], unload, ref, nodes)
@@ -116,20 +138,23 @@ class Aggregate:
         for node in candidates:
             if node.is_local:
                 if storer is not None and not storer.is_local:
-                    PULL_SOURCE.set(PullSource(parse_host(storer.url), peers.api_key))
+                    PULL_SOURCE.set(PullSource(_address(peers, storer), peers.api_key))
                 return await self.app(scope, replay, send)
-            source = None
+            source, digest = None, ""
             if storer is not None and not node.has_stored(ref):
-                source = "*" if storer.is_local else storer.url
-                if storer.is_local:
+                source = storer.url
+                if storer.is_local:  # the peer resolves "*" (it knows us by another name than our own)
                     own = services.settings.host
                     source = f"{own.scheme}://*:{own.port}"
-            if await self._forward(scope, receive, send, peers, _address(peers, node), body, source, ref):
+                    mine = services.store.find(parse_reference(ref))
+                    digest = mine.digest if mine is not None else ""
+            if await self._forward(scope, receive, send, peers, _address(peers, node), body,
+                                   (source, digest), ref, services.settings.load_timeout):
                 return None
         return await self.app(scope, replay, send)
 
     async def _recent(self, scope: Scope, receive: Receive, send: Send, peers: Peers, ref: str,
-                      body: bytes) -> bool:
+                      body: bytes, silence_s: float) -> bool:
         """Forward to the peer a probe saw ``ref`` loaded on moments ago, skipping a new probe (see
         cluster/recent.py); False when there is none or it failed before answering (it is forgotten)."""
         seen = peers.recent.get(ref)
@@ -137,20 +162,22 @@ class Aggregate:
             return False
         address, age = seen
         log.debug("placement of %s: %s (loaded there, probed %.1f s ago)", ref, peer_name(address), age)
-        if await self._forward(scope, receive, send, peers, address, body, None, ref):
+        if await self._forward(scope, receive, send, peers, address, body, (None, ""), ref, silence_s):
             return True
         peers.recent.forget(ref)
         return False
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, peers: Peers, address: HostAddress,
-                       body: bytes, source: str | None, ref: str) -> bool:
-        """Serve the request from the peer at ``address``; False when it failed before answering
-        (nothing was sent). An error status from the peer drops what :attr:`Peers.recent` knows of ``ref``."""
+                       body: bytes, source: tuple[str | None, str], ref: str, silence_s: float) -> bool:
+        """Serve the request from the peer at ``address``; False when it failed or stayed silent
+        ``silence_s`` seconds before answering (nothing was sent). ``source`` is the copy source and its
+        manifest digest. An error status from the peer drops what :attr:`Peers.recent` knows of ``ref``."""
         path_qs = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         client_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         try:
             response = await open_forward(peers, address, scope["method"], path_qs, body,
-                                          forward_headers(client_headers, peers, source))
+                                          forward_headers(client_headers, peers, *source),
+                                          read_timeout=silence_s)
         except (OSError, aiohttp.ClientError, TimeoutError) as exc:
             peers.mark_down(address, str(exc) or type(exc).__name__)
             return False
@@ -179,8 +206,9 @@ async def _pump(response: aiohttp.ClientResponse, send: Send, path: str, peers: 
         async for chunk in response.content.iter_any():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        peers.mark_down(address, f"failed mid-answer: {exc or type(exc).__name__}")
-        message = f"peer {peer_name(address)} failed mid-answer"
+        what = "stalled" if isinstance(exc, TimeoutError) else "failed"  # timeout: no byte for load_timeout
+        peers.mark_down(address, f"{what} mid-answer: {exc or type(exc).__name__}")
+        message = f"peer {peer_name(address)} {what} mid-answer"
         await send({"type": "http.response.body", "body": in_band_error(path, message), "more_body": True})
     await send({"type": "http.response.body", "body": b""})
 
@@ -256,14 +284,3 @@ def _candidates(path: str, unload: bool, ref: str, nodes: list[NodeView]) -> lis
     if unload:
         return [n for n in nodes if n.has_loaded(ref)] or nodes[:1]
     return rank(ref, model_size(ref, nodes), nodes)
-
-
-def _source(value: str, scope: Scope, peers: Peers) -> PullSource | None:
-    """``x-llmman-source`` as a :class:`PullSource`; ``*`` stands for the address the request came from."""
-    if "*" in value:
-        client = (scope.get("client") or ("127.0.0.1", 0))[0]
-        value = value.replace("*", f"[{client}]" if ":" in client else client)
-    try:
-        return PullSource(parse_host(value), peers.api_key)
-    except LlmmanError:
-        return None

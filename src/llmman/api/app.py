@@ -32,6 +32,7 @@ def build_app(services: Services) -> Starlette:
         Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai.completions, methods=["POST"]),
         Route("/v1/models", openai.models, methods=["GET"]),
+        Route("/v1/models/{id:path}", openai.model, methods=["GET"]),
         Route("/llmman/node", node.node, methods=["GET"]),
         *transfer_routes(),
         Route("/v1/messages", anthropic.messages, methods=["POST"]),

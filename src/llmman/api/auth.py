@@ -2,8 +2,8 @@
 
 Accepted as ``Authorization: Bearer KEY``, ``x-api-key: KEY`` (Anthropic) or ``x-goog-api-key: KEY``.
 Keys are kept only as SHA-256 digests and compared in constant time against every key. A request
-without a valid key gets 401 with ``WWW-Authenticate: Bearer realm="llmman"``. ``GET /`` and
-``/api/version`` stay open (liveness checks carry no key).
+without a valid key gets 401 with ``WWW-Authenticate: Bearer realm="llmman"`` and a body in the route's
+dialect (:func:`unauthorized_body`). ``GET /`` and ``/api/version`` stay open (liveness checks carry no key).
 """
 
 from __future__ import annotations
@@ -14,10 +14,27 @@ import hmac
 import orjson
 
 from llmman.api.aggregate import ASGIApp, Receive, Scope, Send
+from llmman.api.errors import is_anthropic_path, is_openai_path
+from llmman.protocol.openai import openai_error
 
 OPEN_PATHS = frozenset({"/", "/api/version"})
 MESSAGE = ("unauthorized: present an API key as 'Authorization: Bearer <key>', 'x-api-key: <key>' "
            "or 'x-goog-api-key: <key>'")
+
+
+def unauthorized_body(path: str) -> bytes:
+    """The 401 body for ``path``'s dialect: OCI ``{"errors": [{"code": "UNAUTHORIZED"}]}`` on ``/v2/``,
+    Anthropic's ``authentication_error`` on ``/v1/messages``, OpenAI's ``invalid_request_error`` with
+    code ``invalid_api_key`` (what api.openai.com answers) elsewhere under ``/v1/``, else Ollama's
+    ``{"error": "..."}``."""
+    if path == "/v2" or path.startswith("/v2/"):
+        return orjson.dumps({"errors": [{"code": "UNAUTHORIZED", "message": MESSAGE}]})
+    if is_anthropic_path(path):
+        return orjson.dumps({"type": "error", "error": {"type": "authentication_error", "message": MESSAGE}})
+    if is_openai_path(path):
+        return orjson.dumps(openai_error(MESSAGE, status=401, type_="invalid_request_error",
+                                         code="invalid_api_key"))
+    return orjson.dumps({"error": MESSAGE})
 
 
 def digests(keys: str) -> tuple[bytes, ...]:
@@ -58,7 +75,7 @@ class ApiKeys:
         if (not self.keys or scope["type"] != "http" or scope["path"] in OPEN_PATHS
                 or accepted(self.keys, scope["headers"])):
             return await self.app(scope, receive, send)
-        body = orjson.dumps({"error": MESSAGE})
+        body = unauthorized_body(scope["path"])
         await send({"type": "http.response.start", "status": 401, "headers": [
             (b"content-type", b"application/json; charset=utf-8"),
             (b"content-length", str(len(body)).encode()),

@@ -51,7 +51,7 @@ async def chat(request: Request) -> Response:
     """``POST /api/chat``."""
     started = time.monotonic_ns()
     body = parse_json_body(await request.body())
-    upstream = await ollama_with_defaults(request, body, chat_request(body))  # a derived model's defaults
+    upstream = await ollama_with_defaults(request, body, _unload_never_pulls(request, chat_request(body)))
     return await _infer(request, upstream, started)
 
 
@@ -59,8 +59,19 @@ async def generate(request: Request) -> Response:
     """``POST /api/generate``."""
     started = time.monotonic_ns()
     body = parse_json_body(await request.body())
-    upstream = await ollama_with_defaults(request, body, generate_request(body))  # a derived model's defaults
+    upstream = await ollama_with_defaults(request, body, _unload_never_pulls(request, generate_request(body)))
     return await _infer(request, upstream, started)
+
+
+def _unload_never_pulls(request: Request, upstream: UpstreamRequest) -> UpstreamRequest:
+    """``upstream`` unchanged, after refusing an unload (``keep_alive`` 0 with nothing to generate) of a
+    model the store lacks: 404 ``model '<name>' not found`` at once, as Ollama, never the pull-on-demand
+    of :meth:`llmman.gateway.Gateway.ensure` (which then applies the model's defaults). Raises
+    ModelNotFound, or BadRequest for a malformed ``keep_alive``."""
+    if upstream.is_load and upstream.keep_alive is not None and parse_duration(upstream.keep_alive) == 0:
+        services: Services = request.app.state.services
+        services.gateway.resolve(upstream.model)
+    return upstream
 
 
 async def _infer(request: Request, upstream: UpstreamRequest, started_ns: int) -> Response:

@@ -8,6 +8,7 @@ manifest's hex without ``sha256:``, ``/api/show`` always has ``model_info``.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -20,6 +21,7 @@ from llmman.gguf import GGUFInfo, model_info
 from llmman.protocol.ollama import parse_json_body
 from llmman.protocol.show import modelfile_extras, parameters_text, stop_tokens
 from llmman.refs import parse_reference
+from llmman.scheduler import LoadedSnapshot
 from llmman.store import StoredModel, read_extras
 
 FOREVER_YEARS = 292  # Go's max duration, as Ollama shows a model kept forever
@@ -112,11 +114,12 @@ async def ps(request: Request) -> Response:
                     "expires_at": rfc3339(expires, local=True),
                     "context_length": snap.n_ctx,
                     "started_at": rfc3339(snap.started_at),
-                    "processor": "llama-server" if snap.ready else "llama-server (loading)",
+                    "processor": _processor(snap),
                     "pid": snap.pid,
                 },
             )
         )
+    rows = _one_row_per_model(rows)
     failures = services.scheduler.healer.failures
     for _, row in rows:  # a model that came back after failing says so
         if str(row["name"]) in failures:
@@ -130,6 +133,34 @@ async def ps(request: Request) -> Response:
                                "failure": failure.reason(), "error": failure.message}))
     rows.sort(key=lambda r: r[0], reverse=True)
     return json_response({"models": [r[1] for r in rows]})
+
+
+def _one_row_per_model(rows: list[tuple[float, dict[str, Any]]]) -> list[tuple[float, dict[str, Any]]]:
+    """One ``/api/ps`` entry per model, as Ollama lists them (clients key on ``name``): a model's
+    ``--embeddings`` child is folded into its chat child's entry (``size``/``size_vram`` added, the later
+    expiry, the chat child's pid and context); an embedding child alone keeps its own entry."""
+    merged: dict[str, tuple[float, dict[str, Any]]] = {}
+    for expires, row in rows:
+        name = str(row["name"])
+        if name not in merged:
+            merged[name] = (expires, row)
+            continue
+        kept_expires, kept = merged[name]
+        kept_is_embedding = str(kept["processor"]).startswith("llama-server (embedding")
+        chat, other = (row, kept) if kept_is_embedding else (kept, row)
+        chat = {**chat, "size": chat["size"] + other["size"],
+                "size_vram": chat["size_vram"] + other["size_vram"]}
+        latest = max(kept_expires, expires)
+        chat["expires_at"] = kept["expires_at"] if latest == kept_expires else row["expires_at"]
+        merged[name] = (latest, chat)
+    return list(merged.values())
+
+
+def _processor(snap: LoadedSnapshot) -> str:
+    """``/api/ps`` ``processor`` (seeds 000/001): ``llama-server``, with ``(embedding)`` for a model's
+    ``--embeddings`` child (listed beside its chat child) and ``(loading)`` until it is ready."""
+    marks = [word for word, on in (("embedding", snap.embedding), ("loading", not snap.ready)) if on]
+    return "llama-server" + (f" ({', '.join(marks)})" if marks else "")
 
 
 def _model_name(body: dict[str, object]) -> str:
@@ -149,7 +180,9 @@ async def show(request: Request) -> Response:
     body = parse_json_body(await request.body())
     name = _model_name(body)
     parse_reference(name, services.settings.aliases)  # 400 invalid model name (SPEC B grammar, length)
-    verbose = body.get("verbose") is True
+    verbose = body.get("verbose")
+    if verbose is not None and not isinstance(verbose, bool):
+        raise BadRequest("verbose must be a boolean")  # Ollama's bool field refuses anything else
     resolved = services.gateway.resolve(name)
     stored = resolved.stored
     info = _info(services, stored)
@@ -177,7 +210,7 @@ async def show(request: Request) -> Response:
             "parameters": parameters,
             "template": template,
             "details": details(info),
-            "model_info": model_info(info, verbose=verbose) if info is not None else {},
+            "model_info": model_info(info, verbose=verbose is True) if info is not None else {},
             "capabilities": list(info.capabilities) if info is not None else ["completion"],
             "modified_at": rfc3339(stored.modified_at, local=True),
         }

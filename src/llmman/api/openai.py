@@ -1,5 +1,5 @@
 """OpenAI routes: ``/v1/chat/completions``, ``/v1/completions`` passed to llama-server byte for
-byte (streaming included), and ``/v1/models`` from the store.
+byte (streaming included), and ``/v1/models`` (``/v1/models/{id}``) from the store.
 
 The body is parsed only to be checked (:mod:`llmman.protocol.openai_validate`: the shapes OpenAI
 checks, so a malformed ``messages`` or ``tools`` gets OpenAI's 400 naming the ``param`` instead of
@@ -13,6 +13,7 @@ gets one SSE ``data: {"error": ...}`` event, as llama-server itself reports late
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import orjson
 from starlette.requests import Request
@@ -22,11 +23,13 @@ from llmman.api.cancel import unless_disconnected
 from llmman.api.derived import openai_chat_with_defaults
 from llmman.api.passthrough import relay
 from llmman.api.services import Services
+from llmman.cluster.peers import HOP
 from llmman.errors import LlmmanError, ModelNotFound
 from llmman.protocol.capabilities import capability_error, openai_chat_needs
 from llmman.protocol.framing import sse
 from llmman.protocol.openai import models_list, openai_error, peek_model
 from llmman.protocol.openai_validate import InvalidParam, validate_chat, validate_completion
+from llmman.refs import parse_reference
 
 log = logging.getLogger("llmman.api.openai")
 
@@ -74,7 +77,8 @@ async def _proxy(request: Request, path: str) -> Response:
     # A client that goes away stops the wait (a non-streamed answer arrives only when it is complete).
     opening = services.gateway.open(model, path, raw, content_type=content_type)
     exchange = await unless_disconnected(request, opening)
-    return await relay(request, exchange, stream=body.get("stream") is True, error_event=_error_event)
+    return await relay(request, exchange, stream=body.get("stream") is True, error_event=_error_event,
+                       requested=name)
 
 
 def _error_event(exc: LlmmanError) -> bytes:
@@ -94,3 +98,44 @@ async def models(request: Request) -> Response:
         entries.append({"id": model.reference, "created": int(model.modified_at),
                         "context_length": int(ctx) if ctx else None})
     return Response(orjson.dumps(models_list(entries)), media_type="application/json")
+
+
+async def model(request: Request) -> Response:
+    """``GET /v1/models/{id}`` (the openai SDK's ``models.retrieve``): one ``/v1/models`` entry. ``id`` is any
+    name llmman resolves (it may hold ``/`` and ``:``) and is echoed as sent, as Ollama does. A model this
+    node lacks is looked up in its peers' ``/v1/models`` (not for a forwarded request, answered for this
+    node only). Raises LlmmanError: 404 ``model '<id>' not found``, code ``model_not_found``, in OpenAI's
+    error shape."""
+    services: Services = request.app.state.services
+    name = str(request.path_params["id"])
+    entry: dict[str, object] | None = None
+    try:
+        stored = services.gateway.resolve(name).stored
+    except ModelNotFound:
+        if services.peers and HOP not in request.headers:
+            entry = _peer_entry(name, services, await services.peers.gather("/v1/models"))
+    else:
+        try:
+            ctx = services.store.info(stored).context_length
+        except Exception:
+            ctx = None
+        entry = {"created": int(stored.modified_at), "context_length": int(ctx) if ctx else None}
+    if entry is None:
+        raise LlmmanError(f"model '{name}' not found", status=404, code="model_not_found")
+    item = models_list([{**entry, "id": name}])["data"]
+    return Response(orjson.dumps(item[0] if isinstance(item, list) else {}), media_type="application/json")
+
+
+def _peer_entry(name: str, services: Services,
+                answers: Sequence[tuple[object, object]]) -> dict[str, object] | None:
+    """The first peer ``/v1/models`` entry whose ``id`` is ``name``'s full reference, or None."""
+    try:
+        wanted = str(parse_reference(name, services.settings.aliases))
+    except LlmmanError:
+        return None
+    for _, doc in answers:
+        data = doc.get("data") if isinstance(doc, dict) else None
+        for item in data if isinstance(data, list) else []:
+            if isinstance(item, dict) and item.get("id") == wanted:
+                return dict(item)
+    return None

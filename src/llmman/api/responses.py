@@ -51,7 +51,8 @@ async def _forward(request: Request, path: str) -> Response:
         if refusal is not None:
             return bad_request(refusal)
     exchange = await unless_disconnected(request, services.gateway.open(model, path, orjson.dumps(body)))
-    return await relay(request, exchange, stream=body.get("stream") is True, error_event=_error_event)
+    return await relay(request, exchange, stream=body.get("stream") is True, error_event=_error_event,
+                       requested=name)
 
 
 def _error_event(exc: LlmmanError) -> bytes:

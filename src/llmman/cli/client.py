@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -23,7 +24,7 @@ from llmman.errors import LlmmanError, ModelNotFound, ServiceUnavailable
 if TYPE_CHECKING:
     from llmman.config import Settings
 
-__all__ = ["DaemonClient", "DaemonUnreachable"]
+__all__ = ["DaemonClient", "DaemonTLSError", "DaemonUnreachable"]
 
 _TIMEOUT = 60.0
 _CONNECT_TIMEOUT = 5.0
@@ -39,6 +40,14 @@ class DaemonUnreachable(ServiceUnavailable):
         text = f"could not connect to llmman serve at {url}"
         super().__init__(f"{text} — {hint}" if hint else text)
         self.url = url
+
+
+class DaemonTLSError(LlmmanError):
+    """Something answers at the daemon's ``https://`` address, but the TLS handshake failed (an untrusted
+    certificate, or no TLS there): never mistaken for "no daemon", so no command falls back to the local
+    store or starts a second daemon."""
+
+    code = "tls_failed"
 
 
 def client_key(settings: Settings) -> str:
@@ -93,6 +102,15 @@ class DaemonClient:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=connect_timeout)
         try:
             conn.connect()
+        except ssl.SSLError as exc:  # something answers, but the TLS handshake failed: say why
+            conn.close()
+            if isinstance(exc, ssl.SSLCertVerificationError):
+                reason = f"certificate verify failed: {exc.verify_message}"
+                hint = "trust the CA that signed its certificate with LLMMAN_TLS_CA=ca.pem"
+            else:
+                reason, hint = exc.reason or str(exc), "is it serving HTTPS?"
+            message = f"TLS with llmman serve at {self.base_url} failed: {reason} — {hint}"
+            raise DaemonTLSError(message) from exc
         except OSError as exc:
             conn.close()
             raise DaemonUnreachable(self.base_url) from exc
@@ -150,6 +168,8 @@ class DaemonClient:
         status counts as an answer: the daemon is there, it refused this request)."""
         try:
             conn, _ = self._send("GET", "/api/version", None, _PROBE_TIMEOUT)
+        except DaemonTLSError:
+            raise
         except LlmmanError:
             return False
         conn.close()

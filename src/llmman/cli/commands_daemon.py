@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from llmman.cli.client import DaemonClient, DaemonUnreachable, client_for
-from llmman.errors import ConfigError
+from llmman.errors import ConfigError, LlmmanError
 
 if TYPE_CHECKING:
     from llmman.config import Settings
@@ -55,6 +55,10 @@ def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
             client.unload(args.model)
         except DaemonUnreachable as exc:
             raise DaemonUnreachable(exc.url, _START_HINT) from None
+        except LlmmanError as exc:
+            if exc.status == 404:  # Ollama's wording (cmd/cmd.go StopHandler)
+                raise LlmmanError(f'couldn\'t find model "{args.model}" to unload', status=404) from None
+            raise
     return 0
 
 

@@ -166,7 +166,8 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def ps_table(models: Sequence[Mapping[str, Any]], now: datetime) -> str:
-    """The ``llmman ps`` table from ``/api/ps`` entries, in the daemon's order."""
+    """The ``llmman ps`` table from ``/api/ps`` entries, in the daemon's order. UNTIL is empty for an
+    entry whose PROCESSOR is ``failed (...)`` (a load that failed keeps no expiry worth showing)."""
     with_node = any(m.get("node") for m in models)
     headers = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "STARTED"]
     if with_node:
@@ -186,7 +187,8 @@ def ps_table(models: Sequence[Mapping[str, Any]], now: datetime) -> str:
         ]
         if with_node:
             row.append(str(m.get("node") or ""))
-        row.append(format_until(m.get("expires_at"), now))
+        # a failed load has no expiry to show: its entry stays until the next request, never "Stopping..."
+        row.append("" if row[3].startswith("failed") else format_until(m.get("expires_at"), now))
         rows.append(row)
     return render_table(headers, rows)
 

@@ -13,7 +13,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from llmman.refs import Reference
-from llmman.registry.client import RegistryClient
+from llmman.registry.client import RegistryClient, RegistryError
+from llmman.registry.manifests import sha256_digest
 from llmman.registry.puller import Puller
 from llmman.settings_table import HostAddress
 from llmman.store import StoredModel
@@ -23,10 +24,12 @@ log = logging.getLogger("llmman.cluster")
 
 @dataclass(frozen=True)
 class PullSource:
-    """A peer to copy from and the key to present to it (empty = none)."""
+    """A peer to copy from, the key to present to it (empty = none) and the manifest digest the copy
+    must have (``sha256:...``; empty = any)."""
 
     address: HostAddress
     api_key: str = ""
+    digest: str = ""
 
 
 PULL_SOURCE: ContextVar[PullSource | None] = ContextVar("llmman_pull_source", default=None)
@@ -36,9 +39,22 @@ class _PeerRegistry(RegistryClient):
     """A peer's ``/v2/`` with the peer key on every request, blob downloads included (they go through
     :meth:`auth_headers`, not the httpx client's default headers)."""
 
-    def __init__(self, address: HostAddress, api_key: str) -> None:
+    def __init__(self, address: HostAddress, api_key: str, digest: str = "") -> None:
         super().__init__(address.netloc, insecure=address.scheme == "http")
         self._peer_key = api_key
+        self._digest = digest
+
+    def get_manifest(self, repository: str, reference: str) -> tuple[bytes, str]:
+        """The peer's manifest; the one asked for by tag must have the pinned digest.
+
+        Raises:
+            RegistryError: it has another digest (the peer stores something else under that name).
+        """
+        data, media = super().get_manifest(repository, reference)
+        if self._digest and not reference.startswith("sha256:") and sha256_digest(data) != self._digest:
+            raise RegistryError(f"{repository}:{reference}: the peer sent manifest {sha256_digest(data)}, "
+                                f"not the {self._digest} the forwarding node stores")
+        return data, media
 
     def _auth_headers(self, scope: str) -> dict[str, str]:
         if self._peer_key:
@@ -50,10 +66,11 @@ def copy_from_peer(puller: Puller, ref: Reference, source: PullSource) -> Stored
     """Pull ``ref`` from ``source``'s ``/v2/`` into this node's store (blocking; run it in a thread).
 
     Raises:
-        LlmmanError (RegistryError and kin): the peer does not have it or failed.
+        LlmmanError (RegistryError and kin): the peer does not have it, failed, or sent a manifest
+            other than ``source.digest``.
     """
     address = source.address
-    client = _PeerRegistry(address, source.api_key)
+    client = _PeerRegistry(address, source.api_key, source.digest)
     try:
         log.info("copying %s from peer %s", ref, address.netloc)
         return puller.pull_via(ref, client)

@@ -14,38 +14,45 @@ import aiohttp
 import orjson
 
 from llmman.cluster.peers import PROBE_TIMEOUT_S, Peers
+from llmman.cluster.source import SOURCE, SOURCE_DIGEST
 from llmman.settings_table import HostAddress
 
 _DROP = frozenset({
     "host", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade",
     "proxy-connection", "authorization", "x-api-key", "x-goog-api-key", "x-llmman-hop", "accept-encoding",
+    SOURCE, SOURCE_DIGEST,
 })
 RESPONSE_DROP = frozenset({
     "connection", "keep-alive", "transfer-encoding", "content-length", "server", "date",
 })
-SOURCE = "x-llmman-source"  # where the chosen node may copy the model from (a peer storing it)
 
 
 def forward_headers(client_headers: Iterable[tuple[str, str]], peers: Peers,
-                    source: str | None = None) -> dict[str, str]:
-    """The headers sent to the peer: the client's, less hop-by-hop and credentials, plus ours."""
+                    source: str | None = None, digest: str = "") -> dict[str, str]:
+    """The headers sent to the peer: the client's, less hop-by-hop, credentials and any source the
+    client wrote, plus ours (``source`` and its manifest ``digest`` when we know where to copy from)."""
     out = {k: v for k, v in client_headers if k.lower() not in _DROP}
     out.update(peers.headers())
     out["Accept-Encoding"] = "identity"
     if source:
         out[SOURCE] = source
+        if digest:
+            out[SOURCE_DIGEST] = digest
     return out
 
 
 async def open_forward(peers: Peers, address: HostAddress, method: str, path_qs: str, body: bytes,
-                       headers: dict[str, str]) -> aiohttp.ClientResponse:
-    """Send the request and wait for the status line (no limit on the answer itself; connecting is
-    limited to the probe timeout). The caller must release the response.
+                       headers: dict[str, str], read_timeout: float | None = None) -> aiohttp.ClientResponse:
+    """Send the request and wait for the status line. Connecting is limited to the probe timeout;
+    ``read_timeout`` (seconds; None = no limit, the daemon passes ``server.load_timeout`` since a cold
+    peer loads first) limits the wait for the first byte and, once streaming, every gap between bytes
+    (aiohttp's ``sock_read``; a stall then raises ``aiohttp.ServerTimeoutError`` while reading).
+    The caller must release the response.
 
     Raises:
-        OSError, aiohttp.ClientError, TimeoutError: the peer failed before answering.
+        OSError, aiohttp.ClientError, TimeoutError: the peer failed or stayed silent before answering.
     """
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=PROBE_TIMEOUT_S)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=PROBE_TIMEOUT_S, sock_read=read_timeout)
     return await peers.session.request(method, address.client_url() + path_qs, data=body, headers=headers,
                                        timeout=timeout, auto_decompress=False, allow_redirects=False)
 

@@ -20,6 +20,7 @@ import aiohttp
 
 from llmman.cluster.placement import LOCAL, NodeView
 from llmman.cluster.recent import LOADED_TTL_S, RecentLoaded
+from llmman.cluster.source import is_self
 from llmman.errors import ConfigError
 from llmman.scheduler import Scheduler
 from llmman.settings_table import HostAddress, parse_host
@@ -32,19 +33,30 @@ RETRY_S = 2.0
 HOP = "x-llmman-hop"
 
 
-def parse_peers(text: str) -> tuple[HostAddress, ...]:
+def parse_peers(text: str, own: HostAddress | None = None) -> tuple[HostAddress, ...]:
     """``asahi, spark:17434, https://10.0.0.5`` -> addresses (port 17434 by default, 80/443 with a scheme).
 
+    An entry that is this node itself (``own``, its ``LLMMAN_HOST``; see :func:`source.is_self`) is
+    dropped with a log line: a node forwarding to itself would only loop.
+
     Raises:
-        ConfigError: an entry that does not parse as ``LLMMAN_HOST`` does, naming it.
+        ConfigError: an entry that does not parse as ``LLMMAN_HOST`` does, or names no host
+            (``http://``), naming it.
     """
     peers: list[HostAddress] = []
     for part in text.split(","):
         if part.strip():
+            hostport = part.strip().strip("\"'").split("://", 1)[-1].split("/", 1)[0]
+            if not hostport or (hostport.startswith(":") and hostport.count(":") == 1):
+                raise ConfigError(f"aggregation.peers: {part.strip()!r} names no host")
             try:
-                peers.append(parse_host(part))
+                address = parse_host(part)
             except ConfigError as exc:
                 raise ConfigError(f"aggregation.peers: {exc.message}") from None
+            if own is not None and is_self(address, own):
+                log.info("aggregation.peers: %s is this node itself; left out", address.netloc)
+                continue
+            peers.append(address)
     return tuple(dict.fromkeys(peers))
 
 

@@ -14,7 +14,8 @@ No I/O here: no sockets, no files, no clocks (timestamps and durations are passe
 - :mod:`.anthropic_tools`: forced ``tool_choice`` translated to a JSON-schema grammar on chat completions.
 - :mod:`.capabilities`: Ollama's capability checks, for every dialect.
 - :mod:`.responses`: the Codex clean-ups for ``/v1/responses``.
-- :mod:`.embeddings`: ``/api/embed`` and ``/api/embeddings`` <-> ``/v1/embeddings``.
+- :mod:`.embeddings`: ``/api/embed`` and ``/api/embeddings`` <-> ``/v1/embeddings``, over-long inputs.
+- :mod:`.model_echo`: the client's model name in place of the child's alias in passed-through answers.
 """
 
 from __future__ import annotations

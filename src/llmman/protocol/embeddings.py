@@ -10,8 +10,11 @@
 ``/v1/embeddings`` passes the client's bytes on, but llama-server ignores ``dimensions``: llmman applies it
 to the answer (:func:`shorten_answer`, float or base64 rows), as Ollama and OpenAI do.
 
-llama-server's vectors are already L2-normalised. ``truncate: false`` is accepted; over-long inputs are
-refused by llama-server either way (its error comes back as a 400/500 with its words).
+llama-server's vectors are already L2-normalised. An input longer than the child's per-slot context is
+cut to it (``truncate``, default true, as Ollama; also on ``/v1/embeddings`` and ``/api/embeddings``, as
+Ollama's own routes do) or, with ``truncate: false``, refused with 400 ``the input length exceeds the
+context length``: the route tries the inputs as sent and, only when llama-server refuses one as too long
+(:func:`too_long`), tokenizes them on the child and sends token arrays cut by :func:`fit_tokens`.
 """
 
 from __future__ import annotations
@@ -23,21 +26,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from llmman.errors import BadRequest, LlmmanError
-from llmman.protocol.ollama import require_model
+from llmman.protocol.ollama import require_model, runner_options
 
-__all__ = ["EmbedRequest", "embed_request", "legacy_request", "ollama_embed_response", "shorten_answer",
-           "vectors"]
+__all__ = ["TOO_LONG", "EmbedRequest", "embed_request", "fit_tokens", "legacy_request",
+           "ollama_embed_response", "shorten_answer", "too_long", "vectors"]
+
+TOO_LONG = "the input length exceeds the context length"
+"""Ollama's 400 message for an input over the context with ``truncate: false`` (reference/ollama.md §1.8)."""
 
 
 @dataclass(frozen=True)
 class EmbedRequest:
     """A parsed Ollama embeddings request: ``inputs`` (empty: load only), ``dimensions`` (None: all),
-    ``keep_alive`` as sent (seconds, duration string or None)."""
+    ``keep_alive`` as sent (seconds, duration string or None), ``truncate`` (cut over-long inputs to the
+    context, Ollama's default) and ``num_ctx`` (tokens, from ``options``; None: the default)."""
 
     model: str
     inputs: list[str]
     dimensions: int | None
     keep_alive: object
+    truncate: bool = True
+    num_ctx: int | None = None
 
     def upstream(self) -> dict[str, object]:
         """The ``/v1/embeddings`` body (floats, not base64)."""
@@ -64,9 +73,11 @@ def embed_request(body: Mapping[str, object]) -> EmbedRequest:
     dims = body.get("dimensions")
     if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims < 1):
         raise BadRequest("dimensions must be a positive integer")
-    if body.get("truncate") is not None and not isinstance(body.get("truncate"), bool):
+    truncate = body.get("truncate")
+    if truncate is not None and not isinstance(truncate, bool):
         raise BadRequest("truncate must be a boolean")
-    return EmbedRequest(model, inputs, dims, body.get("keep_alive"))
+    return EmbedRequest(model, inputs, dims, body.get("keep_alive"), truncate is not False,
+                        runner_options(body.get("options")).num_ctx)
 
 
 def legacy_request(body: Mapping[str, object]) -> EmbedRequest:
@@ -79,7 +90,28 @@ def legacy_request(body: Mapping[str, object]) -> EmbedRequest:
     prompt = body.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise BadRequest("prompt must be a string")
-    return EmbedRequest(model, [prompt] if prompt else [], None, body.get("keep_alive"))
+    return EmbedRequest(model, [prompt] if prompt else [], None, body.get("keep_alive"),
+                        num_ctx=runner_options(body.get("options")).num_ctx)
+
+
+def too_long(status: int, message: str) -> bool:
+    """Whether a llama-server error answer means an input did not fit: 400 ``request (N tokens) exceeds the
+    available context size`` or 500 ``input (N tokens) is too large to process`` (reference/llama-server.md
+    §4, errors)."""
+    return (status == 400 and "exceeds the available context size" in message) or (
+        status >= 500 and "too large to process" in message)
+
+
+def fit_tokens(inputs: list[list[int]], n_ctx: int, *, truncate: bool) -> list[list[int]]:
+    """Token arrays cut to ``n_ctx`` tokens each (Ollama keeps the head of an over-long input).
+
+    Raises:
+        BadRequest: ``the input length exceeds the context length`` when ``truncate`` is false and an input
+            has more than ``n_ctx`` tokens (Ollama's rule and words, reference/ollama.md §1.8).
+    """
+    if not truncate and any(len(tokens) > n_ctx for tokens in inputs):
+        raise BadRequest(TOO_LONG)
+    return [tokens[:n_ctx] for tokens in inputs]
 
 
 def _cut(vector: list[float], dimensions: int | None) -> list[float]:

@@ -273,6 +273,8 @@ def generate_request(body: dict[str, object]) -> UpstreamRequest:
     system = _str(body, "system")
     template = _str(body, "template")
     context = _opt(body, "context", list, "an array of integers")
+    if isinstance(context, list) and not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
+        raise BadRequest("context must be an array of integers")  # Ollama's []int refuses any other item
     raw = _opt(body, "raw", bool, "a boolean") is True
     images = _images(body.get("images"), "images")
     if raw and (template or system or context):

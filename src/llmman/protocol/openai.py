@@ -115,11 +115,25 @@ def upstream_message(body: bytes) -> str | None:
 
 def remap_upstream_error(status: int, body: bytes) -> tuple[int, bytes]:
     """``(status, body)`` to send for a llama-server error answer: a :func:`client_fault` 500 becomes a
-    400 with ``type: invalid_request_error`` and the same message; anything else is returned unchanged."""
+    400 with ``type: invalid_request_error`` and the same message. Any other error object whose ``code``
+    is llama-server's integer status (``{"error": {"code": 400, "message", "type"}}``) keeps its status
+    but gets OpenAI's shape, where ``code`` is a string or null and ``param`` is present:
+    ``{"error": {"message", "type", "param": null, "code": null, ...}}`` (llama-server's extra fields, e.g.
+    ``n_prompt_tokens``/``n_ctx``, are kept). Anything else is returned unchanged."""
     message = upstream_message(body)
-    if message is None or not client_fault(status, message):
+    if message is None:
         return status, body
-    return 400, orjson.dumps(openai_error(message, status=400))
+    if client_fault(status, message):
+        return 400, orjson.dumps(openai_error(message, status=400))
+    err = orjson.loads(body).get("error") if status >= 400 else None
+    if not isinstance(err, dict) or isinstance(err.get("code"), str | None):
+        return status, body
+    kind, param = err.get("type"), err.get("param")
+    shaped: dict[str, object] = {"message": message,
+                                 "type": kind if isinstance(kind, str) else error_type(status),
+                                 "param": param if isinstance(param, str) else None, "code": None}
+    extra = {k: v for k, v in err.items() if k not in shaped}
+    return status, orjson.dumps({"error": {**shaped, **extra}})
 
 
 def peek_model(raw: bytes) -> tuple[dict[str, object], str]:

@@ -4,9 +4,12 @@ Sources: OCI distribution-spec 1.1 ("Pulling manifests", "Pulling blobs", "Pushi
 manifests"), Docker's token authentication (``WWW-Authenticate: Bearer realm=…,service=…,scope=…`` then
 ``GET realm?service=&scope=`` answering ``token``/``access_token``), and basic auth (RFC 7617).
 
-Transport: HTTPS verified against the system CAs plus ``LLMMAN_TLS_CA`` (a PEM file); plain HTTP only for
+Transport: HTTPS verified against the system CAs plus ``LLMMAN_TLS_CA`` (a PEM file); plain HTTP for
 an ``insecure`` registry (``--insecure``, ``"insecure": true`` in ``/api/pull``, or a host listed in
-``LLMMAN_INSECURE_REGISTRIES``, comma-separated). Docker Hub's API host is ``registry-1.docker.io``.
+``LLMMAN_INSECURE_REGISTRIES``, comma-separated). A loopback registry (``localhost``, 127.0.0.0/8, ::1)
+is insecure by default as in Docker (dockerd's ``--insecure-registry`` default includes 127.0.0.0/8):
+HTTPS is tried first and a TLS handshake failure falls back to plain HTTP. Docker Hub's API host is
+``registry-1.docker.io``.
 
 Errors: :class:`RegistryError` with the registry's own message; 401/403 say which credentials failed;
 404 is :class:`RegistryNotFound`; connection failures name the host.
@@ -14,6 +17,7 @@ Errors: :class:`RegistryError` with the registry's own message; 401/403 say whic
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import ssl
@@ -96,6 +100,7 @@ class RegistryClient:
         self.registry = registry
         insecure = insecure or registry.lower() in insecure_hosts()
         self.base = f"{'http' if insecure else 'https'}://{api_host(registry)}"
+        self.loopback = is_loopback_host(registry)  # HTTPS that fails its handshake falls back to plain HTTP
         self.stall_timeout = stall_timeout
         self.tls = None if insecure else ssl_context()
         self._cred = credential or (credentials.get(registry) if credentials else None)
@@ -170,13 +175,16 @@ class RegistryClient:
         """One request with auth (retried once per challenge). Yields the response (open when
         ``stream``); maps 401/403/404 and transport failures to :class:`RegistryError` subclasses."""
         url = path if path.startswith("http") else self.base + path
-        for _ in range(3):
+        for _ in range(4):  # a loopback HTTPS-to-HTTP fallback, two auth challenges, the answer
             send_headers = {**(headers or {}), **self._auth_headers(scope)}
             try:
                 req = self.http.build_request(method, url, headers=send_headers, content=content)
                 response = self.http.send(req, stream=stream)
             except httpx.HTTPError as exc:
-                raise RegistryUnavailable(f"{self.registry}: {_describe(exc)}") from exc
+                if _tls_failed(exc) and url.startswith("https://") and self._plain_http_fallback():
+                    url = "http://" + url.removeprefix("https://")
+                    continue
+                raise RegistryUnavailable(f"{self.registry}: {_describe(exc, self.loopback)}") from exc
             if response.status_code == 401:
                 response.close()
                 self._authenticate(response, scope)
@@ -191,6 +199,14 @@ class RegistryClient:
                 response.close()
             return
         raise RegistryAuthError(f"{self.registry}: 401 unauthorized")
+
+    def _plain_http_fallback(self) -> bool:
+        """Switch a loopback registry to plain HTTP after a TLS failure; False for any other host."""
+        if not self.loopback:
+            return False
+        with self._lock:
+            self.base = "http://" + self.base.removeprefix("https://")
+        return True
 
     def check_login(self) -> None:
         """``GET /v2/`` with the credential (a token for no scope when challenged): raises
@@ -221,9 +237,41 @@ def check(response: httpx.Response, what: str) -> None:
     raise RegistryError(f"{what}: registry answered {response.status_code}: {text}")
 
 
-def _describe(exc: BaseException) -> str:
-    """A one-line reason for a transport failure (httpx messages are often empty)."""
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses, with or without a ``:port`` (IPv6 in brackets)."""
+    name = host.strip()
+    if name.startswith("["):
+        name = name[1 : name.find("]")] if "]" in name else name[1:]
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    if name.lower() == "localhost" or name.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _tls_failed(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) is a TLS handshake failure other than a certificate
+    refusal, e.g. ``[SSL: WRONG_VERSION_NUMBER]`` from a registry that speaks plain HTTP."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(seen):
+            return False
+        if isinstance(seen, ssl.SSLError) or "[SSL" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _describe(exc: BaseException, loopback: bool = False) -> str:
+    """A one-line reason for a transport failure (httpx messages are often empty); a TLS failure says
+    how to reach a plain-HTTP registry."""
     text = str(exc) or type(exc).__name__
+    if _tls_failed(exc) and not loopback:
+        return (f"TLS handshake failed: {text} (a plain-HTTP registry? use --insecure, \"insecure\": true, "
+                "or list the host in LLMMAN_INSECURE_REGISTRIES)")
     if isinstance(exc, httpx.ConnectError):
         return f"cannot connect: {text}"
     if isinstance(exc, httpx.TimeoutException):

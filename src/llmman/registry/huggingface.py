@@ -91,6 +91,7 @@ def _sha256(path: Path) -> str:
 
 def pull_huggingface(store: Store, ref: Reference, emit: Emit) -> StoredModel:
     """Pull ``ref`` (registry ``hf.co``) into ``store``. Raises RegistryError subclasses, StoreError."""
+    import httpx2  # huggingface_hub's HTTP client: its transport errors are not HfHubHTTPError
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub import errors as hf_errors
 
@@ -140,6 +141,10 @@ def pull_huggingface(store: Store, ref: Reference, emit: Emit) -> StoredModel:
         if getattr(response, "status_code", None) == 404:
             raise RegistryNotFound(f"{ref}: repository or file not found") from exc
         raise RegistryError(f"{ref}: {str(exc).splitlines()[0]}") from exc
+    except httpx2.HTTPError as exc:  # unreachable endpoint, TLS failure, timeout, dropped connection
+        store.layout.unpin(written)
+        raise RegistryUnavailable(f"{ref}: cannot reach {endpoint or 'https://huggingface.co'}: "
+                                  f"{exc or type(exc).__name__}") from exc
     except (OSError, ValueError) as exc:
         store.layout.unpin(written)
         if isinstance(exc, LlmmanError):

@@ -16,7 +16,6 @@ digest"}``, ``{"status": "writing manifest"}``, ``{"status": "success"}``.
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from typing import Any
 from llmman.errors import LlmmanError
 from llmman.refs import Reference
 from llmman.registry import manifests
-from llmman.registry.client import RegistryClient, RegistryError, reference_tag
+from llmman.registry.client import RegistryClient, RegistryError, is_loopback_host, reference_tag
 from llmman.registry.credentials import CredentialStore
 from llmman.registry.download import Downloader
 from llmman.store import Store, StoredModel
@@ -34,21 +33,7 @@ from llmman.store import Store, StoredModel
 PARALLEL = 6  # layers fetched at once per pull
 PROGRESS_INTERVAL_S = 0.2  # at most one progress line per layer this often (plus first and last)
 Emit = Callable[[dict[str, Any]], None]
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses, with or without a ``:port`` (IPv6 in brackets)."""
-    name = host.strip()
-    if name.startswith("["):
-        name = name[1 : name.find("]")] if "]" in name else name[1:]
-    elif name.count(":") == 1:
-        name = name.split(":", 1)[0]
-    if name.lower() == "localhost" or name.lower().endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+__all__ = ["Emit", "Puller", "is_loopback_host"]
 
 
 def _hf_endpoint_host() -> str:

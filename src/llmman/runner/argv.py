@@ -60,14 +60,17 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
     """Return the full argv (binary first) that starts ``spec`` listening on ``host:port``.
 
     Shape: ``<binary> -m PATH --host H --port P -c (n_ctx*n_parallel) -np N --no-kv-unified -a ALIAS
-    --no-ui --metrics --log-verbosity 4 [--mmproj F] [-ngl N] [--embeddings] [-t N] *extra_args``.
+    --no-ui --metrics --log-verbosity 4 [--mmproj F] [-ngl N] [--embeddings -b n_ctx -ub n_ctx] [-t N]
+    *extra_args``.
 
     Rules, from llama-server b11434: ``-c`` is the total KV size shared by all slots, and an explicit
     ``-np`` with ``--no-kv-unified`` gives each slot a fixed ``c / np``, so ``n_ctx * n_parallel`` guarantees
     every slot ``n_ctx`` tokens (Ollama's ``num_ctx`` x parallel). Passing ``-c`` also stops ``--fit``
     from shrinking the context. ``--metrics`` enables ``/metrics``; ``--no-ui`` skips the web UI.
     ``--log-verbosity 4`` makes it print its ``... buffer size = N MiB`` lines, which llmman reads for the
-    memory a model really takes (memory.parse_buffers).
+    memory a model really takes (memory.parse_buffers). An embedding child gets ``-b`` and ``-ub`` equal to
+    the per-slot context: with ``--embeddings`` each input must fit in one physical batch (default 512
+    tokens, reference/llama-server.md §1), so this lets every input the slot can hold through.
     """
     argv = [
         binary,
@@ -87,7 +90,7 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
     if spec.n_gpu_layers is not None:
         argv += ["-ngl", str(spec.n_gpu_layers)]
     if spec.embedding:
-        argv.append("--embeddings")
+        argv += ["--embeddings", "-b", str(spec.n_ctx), "-ub", str(spec.n_ctx)]
     if spec.threads is not None:
         argv += ["-t", str(spec.threads)]
     argv.extend(spec.extra_args)

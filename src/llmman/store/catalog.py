@@ -177,17 +177,19 @@ class Store:
                     if not self.layout.has_blob(str(child.get("digest")), _size(child)):
                         raise StoreError(f"manifest for {ref} references missing blob {child.get('digest')}")
                 replaced = self._set_entry(name, desc)
-                os.utime(self.layout.blob_path(digest))
+                blob = self.layout.blob_path(digest)
+                os.utime(blob)
+                mtime = blob.stat().st_mtime
         except BaseException:
             self.layout.unpin([digest])
             raise
         self.layout.unpin([digest, *descriptor_digests(manifest)])
         if any(d != digest for d in replaced):
             self.gc()
-        model = self._model(desc)
-        if model is None:
-            raise StoreError(f"manifest {digest} vanished while storing {ref}")
-        return model
+        # Built from what was written, not read back: a concurrent put of the same name may already have
+        # replaced this entry (the last write wins) and gc removed this manifest.
+        size = sum(_size(d) or 0 for d in _descriptors(manifest, "layers"))
+        return StoredModel(reference=name, digest=digest, size=size, modified_at=mtime, manifest=manifest)
 
     def build(self, ref: Reference, path: Path, labels: Mapping[str, str] | None = None) -> StoredModel:
         """Package a local GGUF file or model folder as a ModelPack artifact named ``ref`` (replacing any
@@ -215,12 +217,12 @@ class Store:
                 raise ModelNotFound(str(source))
             desc = {k: v for k, v in entry.items() if k != "annotations"}
             desc["annotations"] = {mt.REF_NAME: name}
+            model = self._model(desc)  # read under the lock: a concurrent put may replace it right after
+            if model is None:
+                raise StoreError(f"manifest of {source} is unreadable")
             replaced = self._set_entry(name, desc)
         if any(d != desc["digest"] for d in replaced):
             self.gc()
-        model = self._model(desc)
-        if model is None:
-            raise StoreError(f"manifest of {source} is unreadable")
         return model
 
     def remove(self, ref: Reference) -> builtins.list[str]:
