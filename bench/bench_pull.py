@@ -4,7 +4,8 @@ Usage: ``.venv/bin/python bench/bench_pull.py [--rounds N]``. Starts Debian's ``
 loopback port, pushes Gemma 3 270M (``~/.cache/llmman/models/gemma-3-270m-q4_k_m.gguf``, 253 MB; else
 SmolLM2) as a ModelPack artifact, then per round: pulls it into a fresh store with the Puller (verified,
 fsynced, renamed into the store), and fetches the same blobs with ``curl -o`` into a temp folder (no
-verification). Prints each round's throughputs and their ratio (the two run back to back, so they share
+verification), and once more as ``curl | tee FILE | sha256sum`` (the same verified download with
+standard tools). Prints each round's throughputs and their ratio (the two run back to back, so they share
 whatever else the machine is doing), the best-of-N of each, their ratio (target >= 0.9), the median of
 the per-round ratios, and llmman's CPU seconds per GB (process CPU time during the pull, all threads).
 ``sync`` runs before each timed part so neither pays for the other's dirty pages.
@@ -62,6 +63,7 @@ def main() -> int:
         total = sum(d["size"] for d in stored.manifest["layers"]) + stored.manifest["config"]["size"]
         best_pull, best_curl, cpu_per_gb = 0.0, 0.0, 0.0
         ratios: list[float] = []
+        best_hashed, hashed_ratios = 0.0, []
         for i in range(args.rounds):
             dst = Store(tmp / f"dst{i}")
             os.sync()  # each side starts with no dirty pages left by the other (writeback throttling)
@@ -84,15 +86,31 @@ def main() -> int:
             curl_cpu = (_cpu(resource.RUSAGE_CHILDREN) - child0) / (total / 1e9)
             best_curl = max(best_curl, curl_rate)
             shutil.rmtree(out)
+            out.mkdir()  # the same, verified as a pull must be: curl | tee FILE | sha256sum
+            os.sync()
+            t0 = time.perf_counter()
+            procs = [subprocess.Popen(["sh", "-c", f"curl -sf http://{reg.host}/v2/bench/model/blobs/{d} "
+                                       f"| tee {out / d.split(':')[1]} | sha256sum >/dev/null"])
+                     for d in digests]
+            if any(p.wait() for p in procs):
+                raise RuntimeError("curl | sha256sum failed")
+            hashed_rate = total / (time.perf_counter() - t0)
+            best_hashed = max(best_hashed, hashed_rate)
+            hashed_ratios.append(pull_rate / hashed_rate)
+            shutil.rmtree(out)
             ratios.append(pull_rate / curl_rate)
             print(f"round {i + 1}: llmman {pull_rate / 1e6:.0f} MB/s ({cpu / (total / 1e9):.2f} CPU s/GB), "
-                  f"curl {curl_rate / 1e6:.0f} MB/s ({curl_cpu:.2f} CPU s/GB), ratio {ratios[-1]:.2f}")
+                  f"curl {curl_rate / 1e6:.0f} MB/s ({curl_cpu:.2f} CPU s/GB), ratio {ratios[-1]:.2f}; "
+                  f"curl|sha256sum {hashed_rate / 1e6:.0f} MB/s, ratio {hashed_ratios[-1]:.2f}")
         print(f"model: {model.name} ({total / 1e6:.0f} MB), best of {args.rounds}")
         print(f"{'':12}{'MB/s':>10}")
         print(f"{'llmman pull':12}{best_pull / 1e6:>10.0f}")
         print(f"{'curl':12}{best_curl / 1e6:>10.0f}")
         print(f"ratio llmman/curl: {best_pull / best_curl:.2f} (target >= 0.9); median of the rounds' "
               f"ratios: {sorted(ratios)[len(ratios) // 2]:.2f}")
+        print(f"{'curl|sha256':12}{best_hashed / 1e6:>10.0f}")
+        print(f"ratio llmman/(curl | tee | sha256sum), the same verified download: "
+              f"{best_pull / best_hashed:.2f}; median {sorted(hashed_ratios)[len(hashed_ratios) // 2]:.2f}")
         print(f"llmman CPU: {cpu_per_gb:.2f} s per GB")
     finally:
         reg.stop()
