@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import orjson
-from starlette.requests import Request
 
 from llmman.protocol.model_defaults import (
     ModelDefaults,
@@ -24,7 +23,6 @@ from llmman.protocol.ollama_request import UpstreamRequest, chat_request, genera
 from llmman.store import read_extras
 
 if TYPE_CHECKING:
-    from llmman.api.services import Services
     from llmman.store import Store, StoredModel
 
 __all__ = ["model_defaults", "ollama_with_defaults", "openai_chat_with_defaults"]
@@ -37,15 +35,14 @@ def model_defaults(store: Store, model: StoredModel) -> ModelDefaults:
     return ModelDefaults(system=extras.system, parameters=extras.parameters, messages=extras.messages)
 
 
-async def ollama_with_defaults(request: Request, body: dict[str, object],
-                               upstream: UpstreamRequest) -> UpstreamRequest:
+def ollama_with_defaults(store: Store, model: StoredModel, body: dict[str, object],
+                         upstream: UpstreamRequest) -> UpstreamRequest:
     """``upstream`` (already built from ``body``, so a bad body was refused before any model lookup or
-    pull) rebuilt with the model's defaults when it has any, else returned unchanged.
+    pull) rebuilt with ``model``'s defaults when it has any, else returned unchanged.
 
-    Raises ModelNotFound (404) as :meth:`llmman.gateway.Gateway.ensure`; BadRequest as the builders."""
-    services: Services = request.app.state.services
-    model = await services.gateway.ensure(upstream.model)
-    defaults = model_defaults(services.store, model.stored)
+    Raises BadRequest as the builders (a stored parameter of the wrong type), StoreError for a missing
+    layer blob."""
+    defaults = model_defaults(store, model)
     if defaults.empty:
         return upstream
     if upstream.kind == "chat":

@@ -24,7 +24,7 @@ from llmman.api.derived import ollama_with_defaults
 from llmman.api.services import Services
 from llmman.durations import parse_duration
 from llmman.errors import LlmmanError
-from llmman.gateway import UpstreamExchange
+from llmman.gateway import Gateway, ResolvedModel, UpstreamExchange
 from llmman.protocol.capabilities import check_capabilities
 from llmman.protocol.framing import SSEDecoder, ndjson
 from llmman.protocol.ollama import parse_json_body
@@ -51,33 +51,32 @@ async def chat(request: Request) -> Response:
     """``POST /api/chat``."""
     started = time.monotonic_ns()
     body = parse_json_body(await request.body())
-    upstream = await ollama_with_defaults(request, body, _unload_never_pulls(request, chat_request(body)))
-    return await _infer(request, upstream, started)
+    return await _infer(request, body, chat_request(body), started)
 
 
 async def generate(request: Request) -> Response:
     """``POST /api/generate``."""
     started = time.monotonic_ns()
     body = parse_json_body(await request.body())
-    upstream = await ollama_with_defaults(request, body, _unload_never_pulls(request, generate_request(body)))
-    return await _infer(request, upstream, started)
+    return await _infer(request, body, generate_request(body), started)
 
 
-def _unload_never_pulls(request: Request, upstream: UpstreamRequest) -> UpstreamRequest:
-    """``upstream`` unchanged, after refusing an unload (``keep_alive`` 0 with nothing to generate) of a
-    model the store lacks: 404 ``model '<name>' not found`` at once, as Ollama, never the pull-on-demand
-    of :meth:`llmman.gateway.Gateway.ensure` (which then applies the model's defaults). Raises
-    ModelNotFound, or BadRequest for a malformed ``keep_alive``."""
+async def _find(gateway: Gateway, upstream: UpstreamRequest) -> ResolvedModel:
+    """The model ``upstream`` names, pulled on demand (:meth:`Gateway.ensure`) unless the request is an
+    unload (``keep_alive`` 0 with nothing to generate): that only looks in the store, so a missing model is
+    404 ``model '<name>' not found`` at once, as in Ollama. Raises ModelNotFound, or BadRequest for a
+    malformed ``keep_alive``."""
     if upstream.is_load and upstream.keep_alive is not None and parse_duration(upstream.keep_alive) == 0:
-        services: Services = request.app.state.services
-        services.gateway.resolve(upstream.model)
-    return upstream
+        return gateway.resolve(upstream.model)
+    return await gateway.ensure(upstream.model)
 
 
-async def _infer(request: Request, upstream: UpstreamRequest, started_ns: int) -> Response:
+async def _infer(request: Request, body: dict[str, object], upstream: UpstreamRequest,
+                 started_ns: int) -> Response:
     services: Services = request.app.state.services
     gateway = services.gateway
-    model = await gateway.ensure(upstream.model)
+    model = await _find(gateway, upstream)  # the one lookup (and pull) of this request
+    upstream = ollama_with_defaults(services.store, model.stored, body, upstream)  # a derived model's
     have = services.store.info(model.stored).capabilities
     upstream = with_default_think(upstream, have)
     check_capabilities(upstream.model, upstream.kind, upstream.body, upstream.think, have)
@@ -94,9 +93,9 @@ async def _infer(request: Request, upstream: UpstreamRequest, started_ns: int) -
 
     # A client that goes away stops the wait and the generation (a streamed answer is cancelled by
     # Starlette itself once it has started).
-    body = orjson.dumps(upstream.body)
+    payload = orjson.dumps(upstream.body)
     exchange = await unless_disconnected(
-        request, gateway.open(model, upstream.path, body, keep_alive=keep_alive, num_ctx=num_ctx)
+        request, gateway.open(model, upstream.path, payload, keep_alive=keep_alive, num_ctx=num_ctx)
     )
     if exchange.status != 200:
         text = _upstream_error_text(await exchange.read())

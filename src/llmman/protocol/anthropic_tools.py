@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import orjson
 
 from llmman.protocol.anthropic import anthropic_error
-from llmman.protocol.framing import SSEEvent, sse
+from llmman.protocol.framing import FrameError, SSEEvent, parse_data, sse
 
 __all__ = ["ForcedToolStream", "chat_messages", "forced_message", "forced_request"]
 
@@ -277,14 +277,12 @@ class ForcedToolStream:
         """Encoded SSE bytes for one upstream event (``b""`` for nothing to send)."""
         if self.done or self.failed:
             return b""
-        if event.data.strip() == "[DONE]":
-            return self._finish()
         try:
-            chunk = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
+            chunk = parse_data(event)
+        except FrameError:
             return b""
-        if not isinstance(chunk, dict):
-            return b""
+        if chunk is None:  # [DONE]
+            return self._finish()
         if "error" in chunk:
             err = chunk["error"]
             text = err.get("message") if isinstance(err, dict) else err
@@ -292,7 +290,8 @@ class ForcedToolStream:
         out = b"" if self.started else self._start(chunk.get("id"))
         if chunk.get("usage") is not None:
             self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict):
                 continue
             delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}

@@ -40,6 +40,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from llmman.errors import BadRequest
+from llmman.protocol.json_values import is_int, is_number, json_number
 
 __all__ = ["BLOCK_TYPES", "forced_tool", "is_server_tool", "validate_request"]
 
@@ -62,18 +63,6 @@ _ROLES = ("user", "assistant", "system")
 def _fail(path: str, problem: str) -> BadRequest:
     return BadRequest(f"{path}: {problem}")
 
-
-def _num(value: float) -> str:
-    """A number as JSON would print it (integers in full, ``2147483647`` not ``2.14748e+09``)."""
-    return str(value) if isinstance(value, int) or not value.is_integer() else str(int(value))
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _tags(values: Sequence[str]) -> str:
@@ -308,13 +297,13 @@ def _range(body: Mapping[str, object], key: str, low: float, high: float | None 
     value = body.get(key)
     if value is None:
         return
-    if not (_is_int(value) if integer else _is_number(value)):
+    if not (is_int(value) if integer else is_number(value)):
         raise _fail(key, "Input should be a valid integer" if integer else "Input should be a valid number")
     assert isinstance(value, int | float)
     if value < low:
-        raise _fail(key, f"Input should be greater than or equal to {_num(low)}")
+        raise _fail(key, f"Input should be greater than or equal to {json_number(low)}")
     if high is not None and value > high:
-        raise _fail(key, f"Input should be less than or equal to {_num(high)}")
+        raise _fail(key, f"Input should be less than or equal to {json_number(high)}")
 
 
 def _thinking(thinking: object, max_tokens: object, choice: str | None) -> None:
@@ -330,7 +319,7 @@ def _thinking(thinking: object, max_tokens: object, choice: str | None) -> None:
     budget = thinking.get("budget_tokens")
     if budget is None:
         raise _fail("thinking.enabled.budget_tokens", "Field required")
-    if not _is_int(budget):
+    if not is_int(budget):
         raise _fail("thinking.enabled.budget_tokens", "Input should be a valid integer")
     assert isinstance(budget, int)
     if budget < 1024:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from llmman.errors import BadRequest
+from llmman.protocol.json_values import is_int, is_number, json_number
 
 __all__ = [
     "CHAT_ROLES",
@@ -89,33 +90,23 @@ def _bad_value(param: str, value: object, allowed: Sequence[str]) -> InvalidPara
     return InvalidParam(f"Invalid value: '{value}'. Supported values are: {_quoted(allowed)}.", param)
 
 
-def _num(value: float) -> str:
-    """A number as JSON would print it (integers in full, ``2147483647`` not ``2.14748e+09``)."""
-    return str(value) if isinstance(value, int) or not value.is_integer() else str(int(value))
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
 
 def _number(body: Mapping[str, object], key: str, low: float | None = None, high: float | None = None,
             *, integer: bool = False) -> None:
     value = body.get(key)
     if value is None:
         return
-    if not (_is_int(value) if integer else _is_number(value)):
+    if not (is_int(value) if integer else is_number(value)):
         raise _wrong_type(key, "an integer" if integer else "a number", value)
     assert isinstance(value, int | float)
     if low is not None and value < low:
-        raise InvalidParam(f"Invalid '{key}': value below minimum value. Expected a value >= {_num(low)}, "
-                           f"but got {_num(value)} instead.", key)
+        raise InvalidParam(f"Invalid '{key}': value below minimum value. Expected a value >= "
+                           f"{json_number(low)}, "
+                           f"but got {json_number(value)} instead.", key)
     if high is not None and value > high:
-        raise InvalidParam(f"Invalid '{key}': value above maximum value. Expected a value <= {_num(high)}, "
-                           f"but got {_num(value)} instead.", key)
+        raise InvalidParam(f"Invalid '{key}': value above maximum value. Expected a value <= "
+                           f"{json_number(high)}, "
+                           f"but got {json_number(value)} instead.", key)
 
 
 def _typed(body: Mapping[str, object], key: str, typ: type, expected: str) -> None:
@@ -387,8 +378,8 @@ def validate_completion(body: Mapping[str, object]) -> None:
         if not isinstance(prompt, list):
             raise _wrong_type("prompt", expected, prompt)
         for i, item in enumerate(prompt):
-            ok = isinstance(item, str) or _is_int(item) or (
-                isinstance(item, list) and all(_is_int(t) for t in item))
+            ok = isinstance(item, str) or is_int(item) or (
+                isinstance(item, list) and all(is_int(t) for t in item))
             if not ok:
                 raise _wrong_type(f"prompt[{i}]", "a string, an integer or an array of integers", item)
     _common(body)
@@ -417,8 +408,8 @@ def validate_embeddings(body: Mapping[str, object]) -> int | None:
             raise InvalidParam("Invalid 'input': empty array. Expected an array with minimum length 1, "
                                "but got an empty array instead.", "input")
         for i, item in enumerate(data):
-            if not (isinstance(item, str) or _is_int(item)
-                    or (isinstance(item, list) and item and all(_is_int(t) for t in item))):
+            if not (isinstance(item, str) or is_int(item)
+                    or (isinstance(item, list) and item and all(is_int(t) for t in item))):
                 raise _wrong_type(f"input[{i}]", "a string, an integer or an array of integers", item)
     elif not isinstance(data, str):
         raise _wrong_type("input", expected, data)
@@ -429,7 +420,7 @@ def validate_embeddings(body: Mapping[str, object]) -> int | None:
     dims = body.get("dimensions")
     if dims is None:
         return None
-    if not _is_int(dims):
+    if not is_int(dims):
         raise _wrong_type("dimensions", "an integer", dims)
     assert isinstance(dims, int)
     if dims < 1:
