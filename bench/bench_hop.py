@@ -57,8 +57,8 @@ from tests.integration.daemons import Daemon, start_daemon
 
 from llmman.cluster.peers import Peers
 from llmman.cluster.placement import LOCAL, NodeView, model_size, rank
+from llmman.config.table import HostAddress
 from llmman.refs import parse_reference
-from llmman.settings_table import HostAddress
 from llmman.store import Store
 
 CONCURRENCY = (1, 8)

@@ -25,17 +25,17 @@ import uvicorn
 from llmman.api.app import build_app
 from llmman.api.services import Services
 from llmman.cluster.peers import Peers, parse_peers
-from llmman.config import Settings
+from llmman.config.presets import device_env
+from llmman.config.settings import Settings
 from llmman.errors import LlmmanError
 from llmman.gateway import Gateway
-from llmman.gpu import node_memory
-from llmman.presets import device_env
 from llmman.registry.credentials import CredentialStore, default_credentials_path
 from llmman.registry.puller import Puller
 from llmman.runner.argv import LaunchSpec, child_env
 from llmman.runner.binary import find_llama_server
 from llmman.runner.process import LlamaServerProcess
-from llmman.scheduler import Launcher, ModelPlan, Runner, Scheduler
+from llmman.sched.gpu import node_memory
+from llmman.sched.scheduler import Launcher, ModelPlan, Runner, Scheduler
 from llmman.sizes import format_bytes
 from llmman.store import Store
 from llmman.tls import check_server_tls, client_context
@@ -66,7 +66,7 @@ def _configure_logging(debug: bool) -> None:
 
 def launch_spec(plan: ModelPlan) -> LaunchSpec:
     """The child's :class:`LaunchSpec` for ``plan`` (pure): slots, ``-ngl`` and extra argv come from the
-    plan, i.e. from the model's preset (llmman.presets) where it has one."""
+    plan, i.e. from the model's preset (llmman.config.presets) where it has one."""
     pooling = ("--pooling", plan.pooling) if plan.pooling else ()
     return LaunchSpec(
         model_path=Path(plan.model_path),

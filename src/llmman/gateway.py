@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import aiohttp
 
 from llmman.cluster.copy import PULL_SOURCE, copy_from_peer
+from llmman.config.presets import Preset, by_reference
 from llmman.errors import LlmmanError, ModelNotFound, NotFound, RunnerError
-from llmman.memory import estimate
-from llmman.presets import Preset, by_reference
 from llmman.refs import Reference, parse_reference
 from llmman.registry.puller import Puller
-from llmman.scheduler import Lease, ModelPlan, Scheduler
+from llmman.sched.memory import estimate
+from llmman.sched.scheduler import Lease, ModelPlan, Scheduler
 from llmman.store import Store, StoredModel
 
 log = logging.getLogger("llmman.gateway")
@@ -112,7 +112,7 @@ class Gateway:
         context_length: default per-slot context in tokens (``server.context_length``).
         aliases: the ``[aliases]`` table for reference parsing.
         num_parallel: default slots per child (``server.num_parallel``).
-        presets: ``[models."REF"]`` presets by full reference (llmman.presets): a model's preset gives its
+        presets: ``[models."REF"]`` presets by full reference (config.presets): a model's preset gives its
             default context, slots, keep_alive, ``-ngl``, devices and extra argv.
     """
 

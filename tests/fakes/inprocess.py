@@ -24,11 +24,11 @@ from tests.unit.ggufgen import write_gguf
 
 from llmman.api.app import build_app
 from llmman.api.services import Services
-from llmman.config import Settings, load_settings
+from llmman.config.settings import Settings, load_settings
 from llmman.daemon import make_launcher
 from llmman.gateway import Gateway
 from llmman.refs import parse_reference
-from llmman.scheduler import Scheduler
+from llmman.sched.scheduler import Scheduler
 from llmman.store import Store
 
 T = TypeVar("T")

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from llmman.gguf import read_gguf
-from llmman.memory import estimate
 from llmman.refs import parse_reference
+from llmman.sched.memory import estimate
 from llmman.store import Store
 from tests.integration.daemons import Daemon, start_daemon
 

@@ -20,8 +20,8 @@ import pytest
 
 from llmman.cli.tables import processor
 from llmman.gguf import read_gguf
-from llmman.healing import BREAKER_AFTER
 from llmman.refs import parse_reference
+from llmman.sched.healing import BREAKER_AFTER
 from llmman.store import Store
 from tests.integration.daemons import Daemon, start_daemon
 

@@ -30,7 +30,7 @@ from llmman.protocol.capabilities import (
     responses_needs,
 )
 from llmman.protocol.framing import SSEDecoder
-from llmman.protocol.show import parameters_text, stop_tokens
+from llmman.protocol.ollama.show import parameters_text, stop_tokens
 from llmman.refs import parse_reference
 
 IMAGE = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]

@@ -28,7 +28,7 @@ from llmman.cli.autostart import ensure_server
 from llmman.cli.client import DaemonClient, DaemonUnreachable
 from llmman.cli.main import _HANDLERS, build_parser, main, resolve_handler
 from llmman.cli.repl import interactive_chat
-from llmman.config import load_settings
+from llmman.config.settings import load_settings
 from llmman.errors import LlmmanError, ModelNotFound
 
 Reply = tuple[int, Any]  # (status, JSON body | list of NDJSON objects | None)

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from llmman.cluster.peers import Peers
 from llmman.cluster.recent import RecentLoaded
-from llmman.settings_table import HostAddress
+from llmman.config.table import HostAddress
 
 A, B = HostAddress("http", "127.0.0.1", 1), HostAddress("http", "127.0.0.1", 2)
 REF = "docker.io/ai/smollm2:135m"

@@ -10,10 +10,10 @@ from llmman.cluster import copy
 from llmman.cluster.peers import parse_peers
 from llmman.cluster.placement import NodeView
 from llmman.cluster.source import configured_source, is_self, source_digest, storing_peer
+from llmman.config.table import parse_host
 from llmman.errors import ConfigError
 from llmman.registry.client import RegistryClient, RegistryError
 from llmman.registry.manifests import sha256_digest
-from llmman.settings_table import parse_host
 
 PEERS = parse_peers("http://127.0.0.11:17500, https://Asahi:9000, [::1]:7000")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmman.config import (
+from llmman.config.settings import (
     SETTINGS,
     HostAddress,
     Settings,
@@ -20,8 +20,8 @@ from llmman.config import (
     system_config_path,
     user_config_path,
 )
+from llmman.config.table import parse_bool
 from llmman.errors import ConfigError
-from llmman.settings_table import parse_bool
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmman.config import SETTINGS
+from llmman.config.settings import SETTINGS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 HEADER = ["Key", "Variable", "Ollama fallback", "Default", "Meaning"]

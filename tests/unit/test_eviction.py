@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmman.eviction import Candidate, choose_victims
+from llmman.sched.eviction import Candidate, choose_victims
 
 MB = 10**6
 SMALL = Candidate("small", 100 * MB, reload_cost=90 * MB)

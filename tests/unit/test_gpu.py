@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from llmman.config import load_settings
+from llmman.config.settings import load_settings
 from llmman.errors import ConfigError
-from llmman.gpu import Device, NodeMemory, amd_devices, discover, node_memory, nvidia_devices
+from llmman.sched.gpu import Device, NodeMemory, amd_devices, discover, node_memory, nvidia_devices
 from llmman.sizes import parse_size
 
 GIB = 1024**3

@@ -1,4 +1,4 @@
-"""Self-healing: the pure policy (llmman.healing) and the scheduler driving it with an in-memory launcher."""
+"""Self-healing: the policy (llmman.sched.healing) and the scheduler driving it with an in-memory launcher."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections.abc import Callable
 import pytest
 from tests.unit.test_scheduler import FakeLauncher, plan
 
-from llmman import healing
 from llmman.errors import RunnerError, ServiceUnavailable
-from llmman.scheduler import Scheduler
+from llmman.sched import healing
+from llmman.sched.scheduler import Scheduler
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from llmman.gguf import read_gguf
-from llmman.memory import Usage, estimate, parse_buffers
+from llmman.sched.memory import Usage, estimate, parse_buffers
 
 MIB = 1024 * 1024
 

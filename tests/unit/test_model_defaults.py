@@ -18,8 +18,8 @@ from llmman.protocol.model_defaults import (
     generate_messages,
     merge_options,
 )
-from llmman.protocol.ollama_request import chat_request, generate_request
-from llmman.protocol.show import modelfile_extras, options_text, parameters_text
+from llmman.protocol.ollama.request import chat_request, generate_request
+from llmman.protocol.ollama.show import modelfile_extras, options_text, parameters_text
 from llmman.refs import parse_reference
 from llmman.store import derive_model, read_extras
 from llmman.store import mediatypes as mt

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from llmman.config import config_list, load_settings
+from llmman.config.presets import Preset, by_reference, device_env, parse_preset
+from llmman.config.settings import config_list, load_settings
 from llmman.daemon import launch_spec
 from llmman.errors import ConfigError
-from llmman.presets import Preset, by_reference, device_env, parse_preset
 from llmman.refs import parse_reference
 from llmman.runner.argv import build_argv
-from llmman.scheduler import ModelPlan
+from llmman.sched.scheduler import ModelPlan
 
 FULL = "docker.io/ai/smollm2:135m"
 

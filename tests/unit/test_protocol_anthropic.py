@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from llmman.errors import BadRequest
-from llmman.protocol.anthropic import AnthropicStream, fix_message, prepare_request, upstream_error
+from llmman.protocol.anthropic.messages import AnthropicStream, fix_message, prepare_request, upstream_error
 from llmman.protocol.framing import SSEDecoder
 
 # Recorded from llama-server b11434 /v1/messages (SmolLM2-135M), with a multi-byte text delta added.

@@ -11,7 +11,7 @@ import anthropic
 import orjson
 import pytest
 
-from llmman.protocol.anthropic_tools import ForcedToolStream, chat_messages, forced_message, forced_request
+from llmman.protocol.anthropic.tools import ForcedToolStream, chat_messages, forced_message, forced_request
 from llmman.protocol.framing import SSEDecoder
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from llmman.errors import BadRequest
-from llmman.protocol.anthropic import apply_thinking, prepare_request
-from llmman.protocol.anthropic_validate import forced_tool, validate_request
+from llmman.protocol.anthropic.messages import apply_thinking, prepare_request
+from llmman.protocol.anthropic.validate import forced_tool, validate_request
 
 HI = [{"role": "user", "content": "hi"}]
 TOOL = {"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}

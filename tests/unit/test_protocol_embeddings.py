@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from llmman.errors import BadRequest, LlmmanError
-from llmman.protocol.embeddings import (
+from llmman.protocol.ollama.embeddings import (
     TOO_LONG,
     embed_request,
     fit_tokens,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmman.errors import BadRequest
-from llmman.protocol.ollama import (
+from llmman.protocol.ollama.fields import (
     RunnerOptions,
     format_to_response_format,
     options_to_sampling,

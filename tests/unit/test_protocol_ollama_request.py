@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from llmman.errors import BadRequest
-from llmman.protocol.ollama import RunnerOptions
-from llmman.protocol.ollama_request import chat_request, generate_request, image_url, with_default_think
+from llmman.protocol.ollama.fields import RunnerOptions
+from llmman.protocol.ollama.request import chat_request, generate_request, image_url, with_default_think
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 8).decode()
 JPEG = base64.b64encode(b"\xff\xd8\xff\xe0" + b"\0" * 8).decode()

@@ -14,8 +14,8 @@ from ollama._types import ChatResponse, GenerateResponse
 
 from llmman.errors import RunnerError
 from llmman.protocol.framing import SSEDecoder, ndjson, parse_data
-from llmman.protocol.ollama_request import chat_request
-from llmman.protocol.ollama_stream import OllamaStream, error_line, load_response
+from llmman.protocol.ollama.request import chat_request
+from llmman.protocol.ollama.stream import OllamaStream, error_line, load_response
 
 DATA = Path(__file__).parent / "data"
 TS = "2026-01-01T00:00:00.000000000Z"

@@ -9,7 +9,7 @@ import pytest
 from openai.types.shared import ErrorObject
 
 from llmman.errors import BadRequest
-from llmman.protocol.openai import ModelEntry, models_list, openai_error, peek_model, wants_stream
+from llmman.protocol.openai.shapes import ModelEntry, models_list, openai_error, peek_model, wants_stream
 
 
 @pytest.mark.parametrize(

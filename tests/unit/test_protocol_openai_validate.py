@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from llmman.protocol.openai import client_fault, remap_upstream_error
-from llmman.protocol.openai_validate import (
+from llmman.protocol.openai.shapes import client_fault, remap_upstream_error
+from llmman.protocol.openai.validate import (
     InvalidParam,
     validate_chat,
     validate_completion,

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from llmman.errors import BadRequest
-from llmman.protocol.responses import clean_request
+from llmman.protocol.openai.responses import clean_request
 
 
 def test_codex_body_cleaned() -> None:

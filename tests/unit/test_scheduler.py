@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from llmman.errors import LlmmanError, RunnerError
-from llmman.scheduler import ModelPlan, Runner, Scheduler
+from llmman.sched.scheduler import ModelPlan, Runner, Scheduler
 
 
 class FakeRunner:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from llmman.scheduler import ModelPlan, Runner, Scheduler
+from llmman.sched.scheduler import ModelPlan, Runner, Scheduler
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from tests.unit.test_scheduler import FakeLauncher, plan
 
-from llmman.scheduler import ModelPlan, Scheduler
+from llmman.sched.scheduler import ModelPlan, Scheduler
 
 
 def on_file(name: str, path: str = "/store/blobs/sha256/aa", n_ctx: int = 2048,

@@ -31,9 +31,9 @@ from llmman.cluster.peers import HOP, Peers, local_view, peer_name
 from llmman.cluster.placement import NodeView, model_size, rank
 from llmman.cluster.source import SOURCE, SOURCE_DIGEST, configured_source, source_digest, storing_peer
 from llmman.cluster.views import MERGED, merge
+from llmman.config.table import HostAddress
 from llmman.errors import LlmmanError
 from llmman.refs import parse_reference
-from llmman.settings_table import HostAddress
 
 log = logging.getLogger("llmman.cluster")
 

@@ -1,12 +1,12 @@
 """Anthropic routes: ``POST /v1/messages`` (streaming and not) and ``POST /v1/messages/count_tokens``.
 
-The body is checked and normalised by :mod:`llmman.protocol.anthropic` (Anthropic's own checks, then
+The body is checked and normalised by :mod:`llmman.protocol.anthropic.messages` (Anthropic's own checks, then
 Ollama's capability checks: tools and images need the model's ``tools``/``vision``, ``thinking`` is
 relaxed for a model that cannot think and otherwise mapped to llama-server's reasoning controls), then
 sent to the child's own ``/v1/messages`` (or ``/v1/messages/count_tokens``); answers are fixed up (id,
 model, ping, block order, errors) by the same module. A request whose ``tool_choice`` forces a tool goes
 to the child's ``/v1/chat/completions`` with a JSON-schema grammar instead, translated both ways by
-:mod:`llmman.protocol.anthropic_tools`. Errors before the first byte carry their real status in
+:mod:`llmman.protocol.anthropic.tools`. Errors before the first byte carry their real status in
 Anthropic's shape (api/errors.py picks the shape by path); after it, one ``error`` event ends the stream.
 """
 
@@ -23,15 +23,15 @@ from llmman.api.cancel import unless_disconnected
 from llmman.api.services import Services
 from llmman.errors import BadRequest, LlmmanError
 from llmman.gateway import ResolvedModel, UpstreamExchange
-from llmman.protocol.anthropic import (
+from llmman.protocol.anthropic.messages import (
     AnthropicStream,
     apply_thinking,
     fix_message,
     prepare_request,
     upstream_error,
 )
-from llmman.protocol.anthropic_tools import ForcedToolStream, forced_message, forced_request
-from llmman.protocol.anthropic_validate import forced_tool
+from llmman.protocol.anthropic.tools import ForcedToolStream, forced_message, forced_request
+from llmman.protocol.anthropic.validate import forced_tool
 from llmman.protocol.capabilities import anthropic_needs, capability_error
 from llmman.protocol.framing import SSEDecoder
 

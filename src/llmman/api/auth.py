@@ -15,7 +15,7 @@ import orjson
 
 from llmman.api.aggregate import ASGIApp, Receive, Scope, Send
 from llmman.api.errors import is_anthropic_path, is_openai_path
-from llmman.protocol.openai import openai_error
+from llmman.protocol.openai.shapes import openai_error
 
 OPEN_PATHS = frozenset({"/", "/api/version"})
 MESSAGE = ("unauthorized: present an API key as 'Authorization: Bearer <key>', 'x-api-key: <key>' "

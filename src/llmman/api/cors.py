@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmman.api.errors import error_response
-from llmman.config import Settings
+from llmman.config.settings import Settings
 
 __all__ = ["DEFAULT_ORIGINS", "CORSAndHostGuard", "host_allowed", "origin_allowed", "origin_patterns"]
 

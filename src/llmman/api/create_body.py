@@ -17,7 +17,7 @@ not quantize (use a GGUF already quantized).
 from __future__ import annotations
 
 from llmman.errors import BadRequest, LlmmanError
-from llmman.protocol.ollama import options_to_sampling, runner_options, unknown_options
+from llmman.protocol.ollama.fields import options_to_sampling, runner_options, unknown_options
 
 UNSUPPORTED = {
     "quantize": "llmman does not quantize; create from a GGUF that is already quantized",

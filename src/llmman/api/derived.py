@@ -19,7 +19,7 @@ from llmman.protocol.model_defaults import (
     apply_openai_chat,
     generate_messages,
 )
-from llmman.protocol.ollama_request import UpstreamRequest, chat_request, generate_request
+from llmman.protocol.ollama.request import UpstreamRequest, chat_request, generate_request
 from llmman.store import read_extras
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Embedding routes: ``POST /api/embed``, ``/api/embeddings`` (Ollama) and ``/v1/embeddings`` (OpenAI,
 passed byte for byte unless an input is too long). All run on the model's embedding child
 (``--embeddings``, ModelPlan.embedding), started beside any chat child of the same model. Translation:
-:mod:`llmman.protocol.embeddings`.
+:mod:`llmman.protocol.ollama.embeddings`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from llmman.api.services import Services
 from llmman.durations import parse_duration
 from llmman.errors import LlmmanError, ModelNotFound
 from llmman.gateway import ResolvedModel, UpstreamExchange
-from llmman.protocol.embeddings import (
+from llmman.protocol.ollama.embeddings import (
     EmbedRequest,
     embed_request,
     fit_tokens,
@@ -27,9 +27,9 @@ from llmman.protocol.embeddings import (
     too_long,
     vectors,
 )
-from llmman.protocol.ollama import parse_json_body
-from llmman.protocol.openai import openai_error, peek_model, remap_upstream_error
-from llmman.protocol.openai_validate import InvalidParam, validate_embeddings
+from llmman.protocol.ollama.fields import parse_json_body
+from llmman.protocol.openai.shapes import openai_error, peek_model, remap_upstream_error
+from llmman.protocol.openai.validate import InvalidParam, validate_embeddings
 
 JSON = "application/json; charset=utf-8"
 
@@ -93,7 +93,7 @@ def _message(data: bytes) -> str:
 
 async def _embed(request: Request, req: EmbedRequest) -> tuple[list[list[float]], int, int]:
     """Run ``req`` on the embedding child: ``(vectors, prompt tokens, load ns)``. Over-long inputs are cut
-    or refused as :mod:`llmman.protocol.embeddings` describes."""
+    or refused as :mod:`llmman.protocol.ollama.embeddings` describes."""
     services: Services = request.app.state.services
     model = services.gateway.resolve(req.model)
     keep_alive = None if req.keep_alive is None else parse_duration(req.keep_alive)

@@ -18,8 +18,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmman.errors import LlmmanError
-from llmman.protocol.anthropic import anthropic_error
-from llmman.protocol.openai import openai_error
+from llmman.protocol.anthropic.messages import anthropic_error
+from llmman.protocol.openai.shapes import openai_error
 
 log = logging.getLogger("llmman.api")
 

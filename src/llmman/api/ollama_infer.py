@@ -1,6 +1,6 @@
 """Ollama inference routes: ``POST /api/chat`` and ``POST /api/generate``.
 
-The body is translated by :mod:`llmman.protocol.ollama` into a streaming llama-server request (with
+The body is translated by :mod:`llmman.protocol.ollama.fields` into a streaming llama-server request (with
 Ollama's thinking default: no ``think`` to a thinking model means ``think: true``);
 the answer's SSE events are fed through an :class:`~llmman.protocol.ollama.OllamaStream`
 transducer into NDJSON lines (``stream`` true, the default) or one aggregated object
@@ -27,10 +27,10 @@ from llmman.errors import LlmmanError
 from llmman.gateway import Gateway, ResolvedModel, UpstreamExchange
 from llmman.protocol.capabilities import check_capabilities
 from llmman.protocol.framing import SSEDecoder, ndjson
-from llmman.protocol.ollama import parse_json_body
-from llmman.protocol.ollama_request import UpstreamRequest, chat_request, generate_request, with_default_think
-from llmman.protocol.ollama_stream import OllamaStream, error_line, load_response
-from llmman.protocol.openai import client_fault
+from llmman.protocol.ollama.fields import parse_json_body
+from llmman.protocol.ollama.request import UpstreamRequest, chat_request, generate_request, with_default_think
+from llmman.protocol.ollama.stream import OllamaStream, error_line, load_response
+from llmman.protocol.openai.shapes import client_fault
 
 log = logging.getLogger("llmman.api.ollama")
 

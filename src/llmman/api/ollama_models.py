@@ -18,10 +18,10 @@ from llmman.api.ollama_infer import json_response
 from llmman.api.services import Services
 from llmman.errors import BadRequest, ModelNotFound
 from llmman.gguf import GGUFInfo, model_info
-from llmman.protocol.ollama import parse_json_body
-from llmman.protocol.show import modelfile_extras, parameters_text, stop_tokens
+from llmman.protocol.ollama.fields import parse_json_body
+from llmman.protocol.ollama.show import modelfile_extras, parameters_text, stop_tokens
 from llmman.refs import parse_reference
-from llmman.scheduler import LoadedSnapshot
+from llmman.sched.scheduler import LoadedSnapshot
 from llmman.store import StoredModel, read_extras
 
 FOREVER_YEARS = 292  # Go's max duration, as Ollama shows a model kept forever

@@ -1,7 +1,7 @@
 """OpenAI routes: ``/v1/chat/completions``, ``/v1/completions`` passed to llama-server byte for
 byte (streaming included), and ``/v1/models`` (``/v1/models/{id}``) from the store.
 
-The body is parsed only to be checked (:mod:`llmman.protocol.openai_validate`: the shapes OpenAI
+The body is parsed only to be checked (:mod:`llmman.protocol.openai.validate`: the shapes OpenAI
 checks, so a malformed ``messages`` or ``tools`` gets OpenAI's 400 naming the ``param`` instead of
 llama-server's 500) and for the model's capabilities (Ollama's checks: tools, thinking, vision, chat or
 generate, :mod:`llmman.protocol.capabilities`); then the original bytes go upstream and the child's
@@ -27,8 +27,8 @@ from llmman.cluster.peers import HOP
 from llmman.errors import LlmmanError, ModelNotFound
 from llmman.protocol.capabilities import capability_error, openai_chat_needs
 from llmman.protocol.framing import sse
-from llmman.protocol.openai import models_list, openai_error, peek_model
-from llmman.protocol.openai_validate import InvalidParam, validate_chat, validate_completion
+from llmman.protocol.openai.shapes import models_list, openai_error, peek_model
+from llmman.protocol.openai.validate import InvalidParam, validate_chat, validate_completion
 from llmman.refs import parse_reference
 
 log = logging.getLogger("llmman.api.openai")

@@ -20,7 +20,7 @@ from llmman.api.cancel import unless_disconnected
 from llmman.errors import LlmmanError
 from llmman.gateway import UpstreamExchange
 from llmman.protocol.model_echo import ModelEcho
-from llmman.protocol.openai import remap_upstream_error
+from llmman.protocol.openai.shapes import remap_upstream_error
 
 log = logging.getLogger("llmman.api.passthrough")
 

@@ -30,7 +30,7 @@ from llmman.api.create_body import check_create_body
 from llmman.api.ollama_infer import NDJSON, json_response
 from llmman.api.services import Services
 from llmman.errors import BadRequest, LlmmanError, ModelNotFound, NotFound
-from llmman.protocol.ollama import parse_json_body
+from llmman.protocol.ollama.fields import parse_json_body
 from llmman.refs import parse_reference
 from llmman.registry.puller import Emit, Puller
 from llmman.registry.push import push as push_model

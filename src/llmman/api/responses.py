@@ -1,6 +1,6 @@
 """OpenAI Responses routes: ``POST /v1/responses`` (streaming and not) and ``/v1/responses/input_tokens``.
 
-The body gets the Codex clean-ups of :mod:`llmman.protocol.responses` and Ollama's capability checks
+The body gets the Codex clean-ups of :mod:`llmman.protocol.openai.responses` and Ollama's capability checks
 (function tools need ``tools``, ``input_image`` parts ``vision``; :func:`llmman.protocol.capabilities.
 responses_needs`), then goes to the child's own route; status, headers and body (``event: response.*``
 SSE when streaming) come back unchanged. Errors before the first byte come in the OpenAI shape with
@@ -23,7 +23,7 @@ from llmman.api.services import Services
 from llmman.errors import LlmmanError, ModelNotFound
 from llmman.protocol.capabilities import capability_error, responses_needs
 from llmman.protocol.framing import sse
-from llmman.protocol.responses import clean_request
+from llmman.protocol.openai.responses import clean_request
 
 log = logging.getLogger("llmman.api.responses")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmman.cluster.peers import Peers
-from llmman.config import Settings
+from llmman.config.settings import Settings
 from llmman.gateway import Gateway
 from llmman.registry.puller import Puller
-from llmman.scheduler import Scheduler
+from llmman.sched.scheduler import Scheduler
 from llmman.store import Store
 
 

@@ -25,7 +25,7 @@ from llmman.cli.client import DaemonClient, DaemonUnreachable, client_for
 from llmman.errors import LlmmanError
 
 if TYPE_CHECKING:
-    from llmman.config import Settings
+    from llmman.config.settings import Settings
 
 __all__ = ["ensure_server", "serve_log_path", "spawn_daemon"]
 

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from llmman.errors import LlmmanError, ModelNotFound, ServiceUnavailable
 
 if TYPE_CHECKING:
-    from llmman.config import Settings
+    from llmman.config.settings import Settings
 
 __all__ = ["DaemonClient", "DaemonTLSError", "DaemonUnreachable"]
 

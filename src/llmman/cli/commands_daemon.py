@@ -7,7 +7,6 @@ error says how to start one.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -16,7 +15,7 @@ from llmman.cli.client import DaemonClient, DaemonUnreachable, client_for
 from llmman.errors import ConfigError, LlmmanError
 
 if TYPE_CHECKING:
-    from llmman.config import Settings
+    from llmman.config.settings import Settings
 
 __all__ = ["cmd_config", "cmd_ps", "cmd_serve", "cmd_stop"]
 
@@ -25,10 +24,9 @@ _START_HINT = "start it with 'llmman serve'"
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """``llmman serve [MODEL]``: run the daemon in the foreground until SIGTERM/SIGINT."""
-    # Imported by name at run time: the daemon is the composition root and sits above the CLI in the
-    # layering contract, so the CLI must not import it statically.
-    daemon = importlib.import_module("llmman.daemon")
-    return int(daemon.serve(settings, preload=args.model))
+    from llmman.daemon import serve  # imported here: the server's dependencies only load for `serve`
+
+    return int(serve(settings, preload=args.model))
 
 
 def _client(settings: Settings) -> DaemonClient:
@@ -64,7 +62,7 @@ def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
 
 def _check_key(key: str) -> None:
     """Refuse a key that is neither a setting nor ``aliases.<name>``, with the CLI's wording."""
-    from llmman.config import SETTINGS
+    from llmman.config.settings import SETTINGS
 
     section, _, name = key.partition(".")
     if key in {spec.key for spec in SETTINGS} or (section == "aliases" and name.strip("\"'")):
@@ -77,7 +75,7 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
 
     ``set`` and ``unset`` edit the user file (``~/.config/llmman/llmman.conf``), keeping its comments.
     """
-    from llmman import config
+    from llmman.config import settings as config
 
     if args.action == "list":
         for key, value, origin in config.config_list(settings):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from llmman.cli.tables import format_size
-from llmman.config import Settings
-from llmman.gpu import node_memory
+from llmman.config.settings import Settings
+from llmman.sched.gpu import node_memory
 
 
 def cmd_gpu_discover(args: argparse.Namespace, settings: Settings) -> int:

@@ -23,7 +23,7 @@ from llmman.refs import HF_REGISTRY, parse_reference
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from llmman.config import Settings
+    from llmman.config.settings import Settings
 
 __all__ = ["ProgressView", "cmd_login", "cmd_logout", "cmd_pull", "cmd_push"]
 

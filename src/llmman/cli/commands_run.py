@@ -16,7 +16,7 @@ from llmman.cli.autostart import ensure_server
 from llmman.cli.client import DaemonClient
 
 if TYPE_CHECKING:
-    from llmman.config import Settings
+    from llmman.config.settings import Settings
 
 __all__ = ["chat_body", "cmd_run", "stream_reply"]
 

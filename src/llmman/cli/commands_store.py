@@ -20,7 +20,7 @@ from llmman.errors import LlmmanError, ModelNotFound, NotFound
 from llmman.refs import Reference, parse_reference
 
 if TYPE_CHECKING:
-    from llmman.config import Settings
+    from llmman.config.settings import Settings
     from llmman.gguf import GGUFInfo
     from llmman.store import Store
 
@@ -168,7 +168,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         store = _store(settings)
         model = _get(store, ref)
         data = _show_from_info(store.info(model), ref)
-        from llmman.protocol.show import options_text
+        from llmman.protocol.ollama.show import options_text
         from llmman.store import read_extras
 
         extras = read_extras(store.layout, model)  # a derived model's system prompt, parameters, ...

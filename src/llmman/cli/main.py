@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from llmman import __version__
 
 if TYPE_CHECKING:
-    from llmman.config import Settings
+    from llmman.config.settings import Settings
 
 __all__ = ["build_parser", "load_cli_settings", "main"]
 
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_cli_settings(args: argparse.Namespace) -> Settings:
     """The settings for this invocation: config files and environment, overridden by the flags."""
-    from llmman.config import load_settings
+    from llmman.config.settings import load_settings
 
     flags: dict[str, object] = {}
     if getattr(args, "store", None):

@@ -12,11 +12,11 @@ import logging
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from llmman.config.table import HostAddress
 from llmman.refs import Reference
 from llmman.registry.client import RegistryClient, RegistryError
 from llmman.registry.manifests import sha256_digest
 from llmman.registry.puller import Puller
-from llmman.settings_table import HostAddress
 from llmman.store import StoredModel
 
 log = logging.getLogger("llmman.cluster")

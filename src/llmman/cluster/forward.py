@@ -15,7 +15,7 @@ import orjson
 
 from llmman.cluster.peers import PROBE_TIMEOUT_S, Peers
 from llmman.cluster.source import SOURCE, SOURCE_DIGEST
-from llmman.settings_table import HostAddress
+from llmman.config.table import HostAddress
 
 _DROP = frozenset({
     "host", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade",

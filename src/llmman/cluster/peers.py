@@ -21,9 +21,9 @@ import aiohttp
 from llmman.cluster.placement import LOCAL, NodeView
 from llmman.cluster.recent import LOADED_TTL_S, RecentLoaded
 from llmman.cluster.source import is_self
+from llmman.config.table import HostAddress, parse_host
 from llmman.errors import ConfigError
-from llmman.scheduler import Scheduler
-from llmman.settings_table import HostAddress, parse_host
+from llmman.sched.scheduler import Scheduler
 from llmman.store import Store
 
 log = logging.getLogger("llmman.cluster")

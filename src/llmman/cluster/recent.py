@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from llmman.settings_table import HostAddress
+from llmman.config.table import HostAddress
 
 LOADED_TTL_S = 2.0
 

@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterable
 
 from llmman.cluster.placement import NodeView
+from llmman.config.table import HostAddress, parse_host
 from llmman.errors import LlmmanError
-from llmman.settings_table import HostAddress, parse_host
 
 SOURCE = "x-llmman-source"  # where the chosen node may copy the model from (a peer storing it)
 SOURCE_DIGEST = "x-llmman-source-digest"  # the manifest digest that copy must have

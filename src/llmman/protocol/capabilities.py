@@ -55,7 +55,7 @@ def required_capabilities(upstream_body: dict[str, object], think: bool | str | 
     """The capabilities a translated request needs, in the order Ollama checks them.
 
     Args:
-        upstream_body: the llama-server body built by :mod:`llmman.protocol.ollama_request`.
+        upstream_body: the llama-server body built by :mod:`llmman.protocol.ollama.request`.
         think: the client's ``think`` value (validated): True or a level asks for thinking.
     """
     needed = ["completion"]

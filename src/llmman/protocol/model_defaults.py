@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from llmman.protocol.ollama import options_to_sampling
+from llmman.protocol.ollama.fields import options_to_sampling
 
 __all__ = [
     "ModelDefaults",

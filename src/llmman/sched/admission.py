@@ -17,11 +17,11 @@ import math
 from collections.abc import Awaitable, Callable, Iterable
 
 from llmman.errors import LlmmanError
-from llmman.eviction import Candidate, choose_victims
-from llmman.scheduler_table import LoadedModel
+from llmman.sched.eviction import Candidate, choose_victims
+from llmman.sched.table import LoadedModel
 from llmman.sizes import format_bytes
 
-log = logging.getLogger("llmman.scheduler")
+log = logging.getLogger("llmman.sched.scheduler")
 
 
 class Admission:

@@ -20,7 +20,7 @@ fits beside the others, idle ones being unloaded and busy ones drained to make r
 that would wait (for a load, or for a slot beyond ``n_parallel``) are bounded by ``max_queue``:
 past it, Ollama's 503 ``server busy`` with ``Retry-After``.
 
-Self-healing (rules in :mod:`llmman.healing`, state in :mod:`llmman.scheduler_healing`): a failed
+Self-healing (rules in :mod:`llmman.sched.healing`, state in :mod:`llmman.sched.failures`): a failed
 load or a crash is recorded with its classified cause; a cooling-down model answers 503 with
 ``Retry-After``; a pinned or busy model that crashes is restarted after a backoff until the breaker
 opens; an out-of-memory load is retried once with half the context.
@@ -36,16 +36,16 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from llmman import healing
 from llmman.errors import LlmmanError, RunnerError, ServerBusy
-from llmman.memory import parse_buffers
-from llmman.scheduler_admission import Admission
-from llmman.scheduler_healing import Healer
-from llmman.scheduler_plan import MAX_KEEP_ALIVE, Launcher, ModelPlan, Runner
-from llmman.scheduler_table import Lease, LoadedModel, LoadedSnapshot, snapshot_of
+from llmman.sched import healing
+from llmman.sched.admission import Admission
+from llmman.sched.failures import Healer
+from llmman.sched.memory import parse_buffers
+from llmman.sched.plan import MAX_KEEP_ALIVE, Launcher, ModelPlan, Runner
+from llmman.sched.table import Lease, LoadedModel, LoadedSnapshot, snapshot_of
 from llmman.sizes import format_bytes
 
-log = logging.getLogger("llmman.scheduler")
+log = logging.getLogger("llmman.sched.scheduler")
 
 
 class Scheduler:
@@ -247,7 +247,7 @@ class Scheduler:
 
     def _on_exit(self, entry: LoadedModel, runner: Runner) -> None:
         """Called by the child when it dies on its own: forget it at once, record the failure, and
-        restart a pinned or busy model after its backoff (llmman.healing)."""
+        restart a pinned or busy model after its backoff (llmman.sched.healing)."""
         if self._table.get(entry.plan.key) is not entry:
             return
         self._table.pop(entry.plan.key, None)

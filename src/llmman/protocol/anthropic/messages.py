@@ -3,7 +3,7 @@
 
 What llmman changes, and why (reference/llmman.md §2.9 lists what the old llmman got wrong):
 
-- Request: checked as Anthropic checks it (:mod:`llmman.protocol.anthropic_validate`; llama-server takes
+- Request: checked as Anthropic checks it (:mod:`llmman.protocol.anthropic.validate`; llama-server takes
   most malformed bodies with a 200 or fails with a 500). ``role: "system"`` messages anywhere in
   ``messages`` are moved, in order, into the top-level ``system`` (joined with ``\\n\\n`` after the client's
   own ``system``); llama-server's chat templates only honour one leading system prompt. Server tools
@@ -12,7 +12,7 @@ What llmman changes, and why (reference/llmman.md §2.9 lists what the old llmma
   to llama-server's reasoning controls by :func:`apply_thinking`. Everything else (text/image blocks,
   ``tools``, ``tool_choice``, ``tool_use``/``tool_result``, ``stop_sequences``, ``max_tokens``) goes through
   untouched. A request whose ``tool_choice`` forces a tool is translated instead
-  (:mod:`llmman.protocol.anthropic_tools`).
+  (:mod:`llmman.protocol.anthropic.tools`).
 - Answer: ``id`` becomes ``msg_<upstream id suffix>`` and ``model`` the name the client sent (llama-server
   reports ``chatcmpl-…`` and its model path); a matched stop sequence gives ``stop_reason:
   "stop_sequence"`` (llama-server says ``end_turn``). Streams get a ``ping`` after ``message_start`` as
@@ -35,9 +35,9 @@ from collections.abc import Mapping
 import orjson
 
 from llmman.errors import BadRequest
-from llmman.protocol.anthropic_validate import is_server_tool, validate_request
+from llmman.protocol.anthropic.validate import is_server_tool, validate_request
 from llmman.protocol.framing import SSEEvent, sse
-from llmman.protocol.openai import client_fault
+from llmman.protocol.openai.shapes import client_fault
 
 __all__ = ["AnthropicStream", "anthropic_error", "apply_thinking", "error_type", "fix_message",
            "prepare_request", "upstream_error"]

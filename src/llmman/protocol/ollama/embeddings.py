@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from llmman.errors import BadRequest, LlmmanError
-from llmman.protocol.ollama import require_model, runner_options
+from llmman.protocol.ollama.fields import require_model, runner_options
 
 __all__ = ["TOO_LONG", "EmbedRequest", "embed_request", "fit_tokens", "legacy_request",
            "ollama_embed_response", "shorten_answer", "too_long", "vectors"]

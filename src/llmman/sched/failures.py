@@ -1,4 +1,4 @@
-"""The scheduler's memory of failures: cool-downs, restarts and the breaker (rules in llmman.healing).
+"""The scheduler's memory of failures: cool-downs, restarts and the breaker (rules in llmman.sched.healing).
 
 :class:`Healer` keeps one :class:`~llmman.healing.Failure` per table key, refuses requests for a model
 that is cooling down (503 with ``Retry-After`` instead of a child per request), logs each failure with
@@ -12,11 +12,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from llmman import healing
 from llmman.errors import ServiceUnavailable
-from llmman.healing import Failure
+from llmman.sched import healing
+from llmman.sched.healing import Failure
 
-log = logging.getLogger("llmman.scheduler")
+log = logging.getLogger("llmman.sched.scheduler")
 
 
 class Healer:

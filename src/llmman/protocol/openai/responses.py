@@ -16,7 +16,7 @@ Everything else passes through unchanged. No I/O here.
 from __future__ import annotations
 
 from llmman.errors import BadRequest
-from llmman.protocol.openai import peek_model
+from llmman.protocol.openai.shapes import peek_model
 
 __all__ = ["clean_request"]
 

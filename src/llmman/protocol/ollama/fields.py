@@ -2,8 +2,8 @@
 
 Pure functions from client JSON to llama-server request fields; every bad input raises
 :class:`~llmman.errors.BadRequest` with Ollama-like text (reference/ollama.md §1.1, §1.6, §1.13).
-The request builders live in :mod:`llmman.protocol.ollama_request`, the stream transducer in
-:mod:`llmman.protocol.ollama_stream`.
+The request builders live in :mod:`llmman.protocol.ollama.request`, the stream transducer in
+:mod:`llmman.protocol.ollama.stream`.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Literal
 import orjson
 
 from llmman.errors import BadRequest
-from llmman.protocol.ollama import (
+from llmman.protocol.ollama.fields import (
     RunnerOptions,
     format_to_response_format,
     options_to_sampling,
@@ -25,7 +25,7 @@ from llmman.protocol.ollama import (
     unknown_options,
     validate_think,
 )
-from llmman.protocol.openai_validate import validate_tools
+from llmman.protocol.openai.validate import validate_tools
 
 __all__ = [
     "CHAT_PATH",

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmman.scheduler_plan import ModelPlan, Runner
+from llmman.sched.plan import ModelPlan, Runner
 
 
 @dataclass

@@ -43,7 +43,7 @@ class ModelPlan:
         n_parallel: slots (``-np``); requests beyond them wait inside llama-server and count as queued.
         embedding: start the child with ``--embeddings`` (its own child, beside a chat child of the model).
         pooling: ``--pooling`` for an embedding child (``mean`` for chat models whose GGUF has none), or None.
-        n_gpu_layers: ``-ngl`` from the model's preset (llmman.presets), or None.
+        n_gpu_layers: ``-ngl`` from the model's preset (llmman.config.presets), or None.
         devices: GPU ids for the child's ``*_VISIBLE_DEVICES`` from its preset, or None.
         extra_args: the preset's ``extra_args``, appended to argv.
     """

@@ -12,7 +12,7 @@ A preset sets how one model is started and kept, overriding the ``[server]`` def
     extra_args = ["--flash-attn", "on"]   # appended to llama-server's argv
 
 ``REF`` is parsed with :func:`llmman.refs.parse_reference` and the preset is keyed by the full reference
-(``smollm2:135m`` and ``docker.io/ai/smollm2:135m`` name the same preset): :mod:`llmman.config` sits in
+(``smollm2:135m`` and ``docker.io/ai/smollm2:135m`` name the same preset): :mod:`.settings` sits in
 the layer of :mod:`llmman.refs` and may not import it, so the config keeps the name as written and
 :func:`by_reference` (called by the gateway when the daemon starts, before it listens) re-keys the
 presets, a bad REF being a config error then. :func:`parse_preset`, :func:`by_reference` and

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 import orjson
 
-from llmman.protocol.anthropic import anthropic_error
+from llmman.protocol.anthropic.messages import anthropic_error
 from llmman.protocol.framing import FrameError, SSEEvent, parse_data, sse
 
 __all__ = ["ForcedToolStream", "chat_messages", "forced_message", "forced_request"]

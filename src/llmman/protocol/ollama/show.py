@@ -19,7 +19,7 @@ from llmman.gguf import ArraySummary, GGUFInfo, read_array
 
 __all__ = ["STOP_TOKEN_KEYS", "modelfile_extras", "options_text", "parameters_text", "stop_tokens"]
 
-log = logging.getLogger("llmman.protocol.show")
+log = logging.getLogger("llmman.protocol.ollama.show")
 
 STOP_TOKEN_KEYS = (
     "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",

@@ -3,7 +3,7 @@
 Layers, later wins: defaults < ``/etc/llmman/llmman.conf`` < ``~/.config/llmman/llmman.conf``
 (``$XDG_CONFIG_HOME`` respected; the same paths on every OS, as upstream llmman) < environment
 ``LLMMAN_*`` (then the Ollama variable where one is listed) < command-line flags. The settings are the
-table in :mod:`llmman.settings_table`; files are TOML with a ``[server]`` section and a free-form
+table in :mod:`llmman.config.table`; files are TOML with a ``[server]`` section and a free-form
 ``[aliases]`` table. Unknown sections or keys and wrongly typed values are errors.
 
 This is the only module that reads ``os.environ``; everything else receives a :class:`Settings`.
@@ -24,9 +24,9 @@ import platformdirs
 import tomlkit
 import tomlkit.exceptions
 
+from llmman.config.presets import MODELS, Preset, display_preset, parse_preset
+from llmman.config.table import SETTINGS, HostAddress, Kind, SettingSpec, convert, display, parse_host
 from llmman.errors import ConfigError
-from llmman.presets import MODELS, Preset, display_preset, parse_preset
-from llmman.settings_table import SETTINGS, HostAddress, Kind, SettingSpec, convert, display, parse_host
 
 __all__ = [
     "SETTINGS",

@@ -1,0 +1,3 @@
+"""Configuration: the settings table, layered settings with origins, presets.
+
+The only reader of ``os.environ``."""

@@ -1,0 +1,1 @@
+"""The Ollama dialect: pure translation and validation."""

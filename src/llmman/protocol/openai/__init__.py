@@ -1,0 +1,1 @@
+"""The OpenAI dialects (chat and text completions, Responses): pure checks and shapes."""

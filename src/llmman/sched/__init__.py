@@ -1,0 +1,1 @@
+"""Scheduling: which models are loaded, admission, eviction, healing, memory and accelerators."""
