@@ -1,6 +1,6 @@
 """Model references: what users type (``gemma3``, ``unsloth/Qwen3.5-0.8B-GGUF``) -> a full OCI reference.
 
-The rules (SPEC B, and the existing llmman's ``shortnames.rs``, reference/llmman.md 3.2), in order:
+The rules (after the existing llmman's ``shortnames.rs``), in order:
 
 1. Surrounding whitespace is stripped; an exact hit in the alias table (``[aliases]`` in the config) is
    replaced by its value, which is then parsed by the rules below (aliases do not chain).

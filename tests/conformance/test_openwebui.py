@@ -1,4 +1,4 @@
-"""Open WebUI's calls against an Ollama backend, replayed as it sends them (reference/ollama.md §8,
+"""Open WebUI's calls against an Ollama backend, replayed as it sends them (Open WebUI's
 ``routers/ollama.py``): the model-list refresh (``/api/tags`` then ``/api/ps`` joined on ``name``),
 ``/api/version`` parsed as integers, ``/api/show`` on demand, a streamed ``/api/chat`` read line by
 line with its usage panel fields, and the unload ``/api/generate`` with ``keep_alive: 0``. Runs

@@ -1,5 +1,5 @@
 """Ollama's thinking default through the official ``ollama`` client: a model with the ``thinking``
-capability thinks when ``think`` is absent (reference/ollama.md §1.3), answers without thinking for
+capability thinks when ``think`` is absent, answers without thinking for
 ``think: false``, and a model without it refuses ``think: true``. The thinking model is
 ``smollm2-agent:135m`` (tests/conformance/agent_model.py), whose template thinks only when asked; SmolLM2
 never ends its thinking, so with thinking on the whole (short) answer is ``thinking``."""

@@ -1,4 +1,4 @@
-"""An aggregation of two real daemons (SPEC G) with the real SmolLM2 model.
+"""An aggregation of two real daemons (docs/aggregation.md) with the real SmolLM2 model.
 
 ``big`` (127.0.0.3, 4 GB cap) and ``small`` (127.0.0.2, 1 GB cap, names ``big`` and a dead peer). Both
 store ``smollm2:135m``; only ``small`` stores ``mine:1``, only ``big`` stores ``onlybig:1``.

@@ -1,4 +1,4 @@
-"""The seed's three-node experiment with real daemons, real llama-server and the real models (SPEC G).
+"""The seed's three-node experiment (docs/aggregation.md) with real daemons, llama-server and models.
 
 The write-up's Mac (38 GB), Spark (128 GB) and Asahi box (8 GB) are scaled down by about 10.5 MB per GB,
 so the real models sit in them the same way: ``mac`` (127.0.0.2, 400 MB) holds one model at a time

@@ -1,4 +1,4 @@
-"""Placement rules of the aggregation (SPEC G), table-tested, plus peer parsing and list merging."""
+"""Aggregation placement rules (docs/aggregation.md), table-tested, plus peer parsing and list merging."""
 
 from __future__ import annotations
 

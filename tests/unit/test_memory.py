@@ -22,7 +22,7 @@ GEMMA_LINES = [
     "0.00.981.662 I sched_reserve:        CPU compute buffer size =    23.28 MiB",
     "0.01.172.542 I srv    load_model: prompt cache is enabled, size limit: 8192 MiB",
 ]
-# The same shape as Ollama parses on CUDA (reference/ollama.md §4.4).
+# The same shape as Ollama parses on CUDA (llm/llama_server.go).
 CUDA_LINES = [
     "load_tensors:        CUDA0 model buffer size =  4403.49 MiB",
     "load_tensors:   CPU_Mapped model buffer size =   281.81 MiB",

@@ -1,4 +1,4 @@
-"""API keys (SPEC G): with ``auth.api_keys`` set, every request must present one of them.
+"""API keys (docs/aggregation.md): with ``auth.api_keys`` set, every request must present one of them.
 
 Accepted as ``Authorization: Bearer KEY``, ``x-api-key: KEY`` (Anthropic) or ``x-goog-api-key: KEY``.
 Keys are kept only as SHA-256 digests and compared in constant time against every key. A request

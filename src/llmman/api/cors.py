@@ -1,4 +1,4 @@
-"""CORS and the Host-header guard, as Ollama does them (reference/ollama.md §1.1, §5).
+"""CORS and the Host-header guard, as Ollama does them (``server/routes.go``, ``OLLAMA_ORIGINS``).
 
 One pure ASGI middleware, outermost, so a browser's preflight is answered before authentication:
 

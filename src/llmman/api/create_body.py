@@ -1,7 +1,7 @@
-"""Checking an Ollama ``POST /api/create`` body before any work starts (reference/ollama.md §1.12, §4).
+"""Checking an Ollama ``POST /api/create`` body before any work starts (Ollama's ``api.CreateRequest``).
 
 Every field Ollama defines is type-checked (400 with Ollama's wording for a bad value): ``model`` (a name
-of the SPEC B grammar), ``from`` (string), ``files``/``adapters`` (objects of file name -> digest string),
+llmman.refs accepts), ``from`` (string), ``files``/``adapters`` (objects of file name -> digest string),
 ``quantize``/``template``/``system`` (strings), ``license`` (string or array of strings), ``messages``
 (array of ``{role, content}`` objects), ``parameters`` (an object of known Ollama options of the right
 types: ``unknown parameter 'x'`` otherwise), ``stream`` (boolean).

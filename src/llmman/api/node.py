@@ -1,4 +1,4 @@
-"""``GET /llmman/node``: this node's memory and models, the aggregation's probe (SPEC G).
+"""``GET /llmman/node``: this node's memory and models, the aggregation's probe (docs/memory.md).
 
 Body (bytes, counts)::
 

@@ -1,6 +1,6 @@
 """Ollama model-management and status routes: tags, ps, show, delete, copy, version, ``/``.
 
-Shapes follow reference/ollama.md §1.9–1.12: names always carry their tag and are identical in
+Shapes follow Ollama's ``api/types.go``: names always carry their tag and are identical in
 ``name`` and ``model`` (Open WebUI joins ``/api/tags`` and ``/api/ps`` on them), ``digest`` is the
 manifest's hex without ``sha256:``, ``/api/show`` always has ``model_info``.
 """
@@ -164,7 +164,7 @@ def _processor(snap: LoadedSnapshot) -> str:
 
 
 def _model_name(body: dict[str, object]) -> str:
-    """``model``, or the legacy ``name`` (reference/ollama.md §0 item 9)."""
+    """``model``, or the legacy ``name`` that older clients still send (Ollama accepts both)."""
     for key in ("model", "name"):
         value = body.get(key)
         if isinstance(value, str) and value.strip():
@@ -179,7 +179,7 @@ async def show(request: Request) -> Response:
     services = _services(request)
     body = parse_json_body(await request.body())
     name = _model_name(body)
-    parse_reference(name, services.settings.aliases)  # 400 invalid model name (SPEC B grammar, length)
+    parse_reference(name, services.settings.aliases)  # 400 invalid model name (llmman.refs grammar, length)
     verbose = body.get("verbose")
     if verbose is not None and not isinstance(verbose, bool):
         raise BadRequest("verbose must be a boolean")  # Ollama's bool field refuses anything else
@@ -222,7 +222,7 @@ async def delete(request: Request) -> Response:
     services = _services(request)
     body = parse_json_body(await request.body())
     name = _model_name(body)
-    parse_reference(name, services.settings.aliases)  # 400 invalid model name (SPEC B grammar, length)
+    parse_reference(name, services.settings.aliases)  # 400 invalid model name (llmman.refs grammar, length)
     resolved = services.gateway.resolve(name)
     await services.scheduler.unload(resolved.stored.reference)
     services.store.remove(parse_reference(resolved.stored.reference))
@@ -239,7 +239,7 @@ async def copy(request: Request) -> Response:
     if not isinstance(destination, str) or not destination.strip():
         raise BadRequest("destination is required")
     aliases = services.settings.aliases
-    parse_reference(source, aliases)  # 400 invalid model name (SPEC B grammar, length)
+    parse_reference(source, aliases)  # 400 invalid model name (llmman.refs grammar, length)
     target = parse_reference(destination, aliases)
     try:
         resolved = services.gateway.resolve(source)

@@ -1,6 +1,6 @@
 """Ollama's transfer routes: ``/api/pull``, ``/api/push``, ``/api/create``, ``HEAD``/``POST /api/blobs/:d``.
 
-Shapes (reference/ollama.md §1.12): pull and push stream ``application/x-ndjson`` status lines (see
+Shapes (Ollama's ``api.ProgressResponse``): pull and push stream ``application/x-ndjson`` status lines (see
 :mod:`llmman.registry.puller` and :mod:`llmman.registry.push`) ending with ``{"status": "success"}``; an
 error after the stream started is an in-band ``{"error": "..."}`` line. ``"stream": false`` answers
 once at the end: ``{"status": "success"}``, or the error with its HTTP status (404 for a repository the

@@ -133,8 +133,8 @@ def format_until(value: object, now: datetime) -> str:
 
 def processor(entry: Mapping[str, Any]) -> str:
     """The PROCESSOR cell: the entry's ``processor`` field when present, as llmman has always shown it
-    (``llama-server``, ``llama-server (loading)``, ``failed (out of memory)``; seeds 000/001 and
-    reference/llmman.md §1.2), else, for an entry without one, Ollama's split of ``size_vram`` over
+    (``llama-server``, ``llama-server (loading)``, ``failed (out of memory)``; docs/memory.md),
+    else, for an entry without one, Ollama's split of ``size_vram`` over
     ``size`` (``cmd/cmd.go`` ListRunningHandler): ``100% CPU``, ``100% GPU``, ``48%/52% CPU/GPU`` (CPU
     share rounded), ``Unknown`` (more VRAM than size)."""
     named = entry.get("processor")

@@ -1,7 +1,7 @@
 """The one table of llmman's settings, and the value types it needs.
 
 Every setting is a :class:`SettingSpec`: its TOML dotted key, its ``LLMMAN_*`` variable, the Ollama
-variable honoured as a fallback (reference/ollama.md section 5), a kind, a default and a one-line doc.
+variable honoured as a fallback (Ollama's ``envconfig/config.go``), a kind, a default and a one-line doc.
 Parsing (:mod:`.settings`), ``llmman config list`` and the table in ``docs/configuration.md`` are all
 driven by :data:`SETTINGS`; ``tests/unit/test_docs_settings_table.py`` keeps the docs in step.
 """

@@ -1,6 +1,6 @@
 """A fast GGUF header reader: metadata, tensor shapes and capabilities in milliseconds.
 
-The file layout (GGUF spec, ggml/docs/gguf.md; reference/llama-server.md section 8): magic ``GGUF``, u32
+The file layout (GGUF spec, ggml/docs/gguf.md): magic ``GGUF``, u32
 version (2 or 3), u64 tensor count, u64 KV count, the KV pairs (u64-length key, u32 value type, value),
 the tensor infos (name, u32 n_dims, u64 dims[], u32 ggml type, u64 offset), padding to
 ``general.alignment`` (default 32), then the tensor data. All little-endian.

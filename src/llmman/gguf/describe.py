@@ -1,5 +1,5 @@
 """From a parsed GGUF header to what llmman shows and plans with: architecture, sizes, quantization,
-Ollama's capability names and ``/api/show`` ``model_info`` (reference/ollama.md 1.10)."""
+Ollama's capability names and ``/api/show`` ``model_info`` (Ollama's ``api.ShowResponse``)."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def merge_split(infos: Sequence[GGUFInfo]) -> GGUFInfo:
 
 
 def model_info(info: GGUFInfo, verbose: bool = False) -> dict[str, object]:
-    """Ollama's ``/api/show`` ``model_info`` map (reference/ollama.md 1.10): every GGUF KV, arrays of more
+    """Ollama's ``/api/show`` ``model_info`` map (as its ShowHandler builds it): every GGUF KV, arrays of more
     than 5 elements as ``[]`` unless ``verbose`` (then read in full from the file), without
     ``general.name`` and ``tokenizer.chat_template``, plus ``general.parameter_count``."""
     out: dict[str, object] = {}

@@ -3,8 +3,8 @@
 A request needs capabilities (``completion`` always; ``tools`` when it sends tools; ``thinking`` when
 ``think`` is true or a level; ``vision`` when it sends images); the model has the ones its GGUF header
 shows (:attr:`llmman.gguf.GGUFInfo.capabilities`, "vision" when the store holds a projector). The first
-one missing becomes a 400 worded as Ollama words it (reference/ollama.md §1.3, §1.4, §1.13;
-``server/routes.go`` ChatHandler/GenerateHandler and ``CheckCapabilities``):
+one missing becomes a 400 worded as Ollama words it (``server/routes.go``
+ChatHandler/GenerateHandler and ``CheckCapabilities``):
 
 - no ``completion`` (an embedding model): ``"<model>" does not support chat`` / ``... generate``;
 - ``think`` on a model without ``thinking``: ``"<model>" does not support thinking`` (``think: false``

@@ -2,12 +2,12 @@
 
 Both decoders take raw network chunks (``bytes``) and only decode *complete* lines as UTF-8, so a
 multi-byte character split across two chunks survives (the old llmman decoded each chunk on its
-own and produced U+FFFD; reference/llmman.md §10). No I/O happens here.
+own and produced U+FFFD). No I/O happens here.
 
 SSE follows the WHATWG "event stream" rules: lines end in ``\\n``, ``\\r\\n`` or ``\\r``; a blank line
 dispatches the event; ``:`` starts a comment (llama-server's keep-alive pings); several ``data:``
 lines are joined with ``\\n``; ``event:`` names the event; ``id:``/``retry:`` are ignored.
-NDJSON is Ollama's streaming format: one JSON object per ``\\n``-terminated line (reference/ollama.md §1.5).
+NDJSON is Ollama's streaming format: one JSON object per ``\\n``-terminated line, never a blank line.
 """
 
 from __future__ import annotations

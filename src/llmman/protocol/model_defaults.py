@@ -1,6 +1,6 @@
 """Applying a derived model's system prompt, parameters and messages to a request, as Ollama does.
 
-Rules (reference/ollama.md §1.4 and §1.6; Ollama server/routes.go ChatHandler and GenerateHandler):
+Rules (Ollama server/routes.go ChatHandler and GenerateHandler):
 
 * ``parameters`` are defaults UNDER the request's own ``options``: built-in defaults, then the model's
   parameters, then the request (the request wins key by key). A ``stop`` parameter becomes llama-server's

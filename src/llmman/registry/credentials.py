@@ -4,7 +4,7 @@ Both files use Docker's format (``{"auths": {"host": {"auth": base64("user:pass"
 registry host: llmman's file (written by ``llmman login``), then ``$DOCKER_CONFIG/config.json`` or
 ``~/.docker/config.json``: ``credHelpers[host]``, ``credsStore``, then ``auths``. Docker Hub is looked up
 under ``docker.io``, ``index.docker.io``, ``https://index.docker.io/v1/`` and ``registry-1.docker.io``
-(reference/llmman.md 4.4 and bug 22). A credential helper gets 5 seconds.
+(different tools store Hub credentials under different ones). A credential helper gets 5 seconds.
 """
 
 from __future__ import annotations

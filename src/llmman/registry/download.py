@@ -1,6 +1,6 @@
 """Resumable, verified, single-flight blob downloads into the store.
 
-Rules (OCI distribution-spec 1.1 "Pulling blobs", RFC 9110 §14 ranges; reference/llmman.md 4.2, 10.6):
+Rules (OCI distribution-spec 1.1 "Pulling blobs", RFC 9110 §14 ranges):
 
 * A blob already in the store with the declared size is not fetched again (it is pinned against gc).
 * Bytes go to ``<store>/partial/<hex>.partial`` (outside ``blobs/``: never visible as a blob). The file

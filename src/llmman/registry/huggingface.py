@@ -1,6 +1,6 @@
 """Pulling GGUF models from Hugging Face (``hf.co/owner/repo[:quant]``) through ``huggingface_hub``.
 
-Rules (reference/llmman.md 4.3; SPEC C): the endpoint is ``HF_ENDPOINT`` (default https://huggingface.co),
+Rules: the endpoint is ``HF_ENDPOINT`` (default https://huggingface.co),
 the token ``HF_TOKEN`` or huggingface_hub's token file (huggingface_hub reads both). The repository's
 commit comes from the model info; the file list from the recursive tree. Among ``*.gguf`` files that are
 not ``mmproj``/``imatrix``: an explicit tag (not ``latest``) picks the first whose path contains it

@@ -1,13 +1,13 @@
 """Pulling a model by reference into the store, with Ollama-shaped progress.
 
-Order (reference/llmman.md 4.2; OCI distribution-spec 1.1): resolve the manifest (an image index picks
+Order (OCI distribution-spec 1.1): resolve the manifest (an image index picks
 one entry, see :func:`manifests.choose`), verify its digest against a pinned ``@sha256:`` and the
 ``Docker-Content-Digest`` header, fetch config and layers :data:`PARALLEL` at a time through the shared
 :class:`Downloader` (resumable, verified, single-flight per digest), and only then name the manifest in
 the index. Any failure leaves the index exactly as it was (completed blobs stay as cache until gc).
 
 Pulls of one reference are serialised by a per-reference lock and :meth:`Puller.ensure` re-checks the
-store inside it (bug 5 of reference/llmman.md 10): however many requests wait, the model is pulled once.
+store inside it (no second download of one model): however many requests wait, the model is pulled once.
 
 Progress events are Ollama's ``/api/pull`` lines: ``{"status": "pulling manifest"}``, per layer
 ``{"status": "pulling <12 hex>", "digest", "total", "completed"}``, ``{"status": "verifying sha256

@@ -2,7 +2,7 @@
 
 Nothing here does I/O: :func:`build_argv` turns a :class:`LaunchSpec` into argv, :func:`child_env`
 turns the daemon's environment into the child's. Both are table-tested. Flag meanings are those of the
-llama.cpp tree b11434 (``reference/llama-server.md`` section 1).
+llama.cpp tree b11434 (``common/arg.cpp``, ``llama-server --help``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from llmman.errors import BadRequest
 
-# Variables that would change a child behind our back (reference/llama-server.md §1.1, "Other env vars").
+# Variables that would change a child behind our back: ``LLAMA_ARG_*`` and ``LLAMA_API_KEY`` set flags
+# (common/arg.cpp); the two ``LLAMA_SERVER_*`` ones switch llama-server into its router-child mode.
 _SCRUBBED_PREFIXES = ("LLAMA_ARG_",)
 _SCRUBBED_NAMES = frozenset({"LLAMA_API_KEY", "LLAMA_SERVER_ROUTER_PORT", "LLAMA_SERVER_CHILD_MODE"})
 
@@ -70,7 +71,7 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
     ``--log-verbosity 4`` makes it print its ``... buffer size = N MiB`` lines, which llmman reads for the
     memory a model really takes (memory.parse_buffers). An embedding child gets ``-b`` and ``-ub`` equal to
     the per-slot context: with ``--embeddings`` each input must fit in one physical batch (default 512
-    tokens, reference/llama-server.md §1), so this lets every input the slot can hold through.
+    tokens, llama-server's ``--ubatch-size``), so this lets every input the slot can hold through.
     """
     argv = [
         binary,

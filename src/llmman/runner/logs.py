@@ -1,7 +1,7 @@
 """A llama-server child's output: a ring buffer of recent lines plus an append-only per-model log file.
 
 llama-server logs asynchronously through a bounded queue and blocks when its pipe is full
-(``reference/llama-server.md`` §1.2), so the owner reads the pipes continuously and hands every chunk
+(llama.cpp ``common/log.cpp``), so the owner reads the pipes continuously and hands every chunk
 here. Chunks are split into lines per stream; a line without a newline yet (llama.cpp prints progress
 dots) stays pending until its newline, EOF, or :data:`MAX_PENDING` bytes.
 """

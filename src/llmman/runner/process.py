@@ -3,7 +3,7 @@
 Everything that changes the child's state happens here: :meth:`LlamaServerProcess.start` is the one
 start path, a watcher task notices the exit at once, :meth:`LlamaServerProcess.stop` is the one stop
 path. Callers never check the state and then act; they call ``start()`` and get READY or an error.
-Process behaviour relied on is that of llama-server b11434 (``reference/llama-server.md`` §1.2): it
+Process behaviour relied on is that of llama-server b11434 (llama.cpp ``tools/server``): it
 binds HTTP first and answers ``/health`` 503 while loading, 200 when ready; a failed load exits 1;
 SIGTERM during loading kills it at once, after loading it is a graceful stop.
 """

@@ -1,6 +1,6 @@
 """Which loaded models to unload to make room for another: a pure policy, table-tested.
 
-Rules (SPEC E, improving on Ollama's shortest-keep_alive-first, reference/ollama.md §4.3):
+Rules (docs/memory.md; improving on Ollama's shortest-keep_alive-first, ``server/sched.go``):
 
 1. Tiers, tried in order: idle and unpinned; busy and unpinned; idle and pinned; busy and pinned.
    Pinned = ``keep_alive`` < 0 (kept forever) or pinned by a preset. A busy model is never cut: the

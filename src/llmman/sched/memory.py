@@ -1,7 +1,7 @@
 """How much memory a model takes: an estimate from the GGUF header before loading, and the real
 figure parsed from llama-server's log after loading.
 
-Estimate (bytes; reference/llama-server.md §7.1, constants checked against b11434's own log lines):
+Estimate (bytes; docs/memory.md, constants checked against b11434's own log lines):
 
 - **weights** = the GGUF's tensor data bytes (+ the projector file for multimodal models);
 - **KV cache** = ``Σ_layers cells(l) × n_head_kv(l) × (key_len × bK + value_len × bV)`` where
@@ -19,7 +19,7 @@ use), CPU weight repacking (a few percent on some quantisations), and the proces
 
 After loading, :func:`parse_buffers` reads the ``<DEV> model|KV|compute|output|RS buffer size = N MiB``
 lines llama-server prints at ``--log-verbosity 4``; buffers on ``CPU*``/``*_Host`` are host memory,
-everything else device memory (Ollama's rule, reference/ollama.md §4.4).
+everything else device memory (Ollama's rule, ``llm/llama_server.go``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Input: one GGUF file, or a folder holding one model — a single GGUF or llama.c
 ``<prefix>-0000k-of-0000n.gguf`` — plus at most one vision projector (``mmproj*.gguf`` or a GGUF whose
 ``general.architecture`` is ``clip``) and optional ``LICENSE*``/``README*``/``NOTICE*`` docs; other files are
 ignored. Output: raw (untarred) layers, a ModelPack config and an OCI manifest with
-``artifactType: application/vnd.cncf.model.manifest.v1+json`` (modelpack/model-spec docs/spec.md).
+``artifactType: application/vnd.cncf.model.manifest.v1+json`` (modelpack/model-spec/docs/spec.md).
 """
 
 from __future__ import annotations

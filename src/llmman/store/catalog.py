@@ -1,4 +1,4 @@
-"""The model store: named manifests in an OCI image layout (SPEC B; reference/llmman.md 3.1-3.5).
+"""The model store: named manifests in an OCI image layout (OCI image-spec ``image-layout.md``).
 
 ``index.json`` lists one manifest descriptor per reference, annotated
 ``org.opencontainers.image.ref.name`` = the full reference (``docker.io/ai/smollm2:135m``). Every change of

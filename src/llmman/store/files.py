@@ -1,4 +1,4 @@
-"""Resolving a stored model to the files llama-server opens (reference/llmman.md 3.5, bugs to avoid).
+"""Resolving a stored model to the files llama-server opens: every shard, the projector, no copies.
 
 A single-file GGUF is served straight from its blob (``blobs/sha256/<hex>``): no copy, no cache. llama.cpp
 finds the other shards of a split model by file name (``<prefix>-0000k-of-0000n.gguf`` next to the first),

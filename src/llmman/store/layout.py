@@ -1,8 +1,8 @@
 """The on-disk OCI image layout: blobs, ``index.json``, the store lock and atomic writes.
 
 OCI image-spec 1.1 ``image-layout.md``: a root with ``oci-layout`` (``{"imageLayoutVersion": "1.0.0"}``),
-``index.json`` (an image index) and ``blobs/<alg>/<hex>``. llmman's rules on top (reference/llmman.md 3.1
-and 10): ONE lock, ``fcntl.flock`` on ``index.json.lock``, taken around every read-modify-write of
+``index.json`` (an image index) and ``blobs/<alg>/<hex>``. llmman's rules on top (so no two writers
+race): ONE lock, ``fcntl.flock`` on ``index.json.lock``, taken around every read-modify-write of
 ``index.json`` by every thread and process; every file is written to a temp name, fsynced and renamed into
 place; a blob appears under its digest only after its sha256 and size were verified.
 

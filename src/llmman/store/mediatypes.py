@@ -1,7 +1,7 @@
 """Media types and annotation keys of the OCI image layout and of the model artifacts llmman stores.
 
 Sources: OCI image-spec 1.1 (image-layout.md, image-index.md, manifest.md, annotations.md), CNCF ModelPack
-(modelpack/model-spec docs/spec.md, annotations.md), Docker Model Runner artifacts (model-distribution),
+(modelpack/model-spec/docs/spec.md, annotations.md), Docker Model Runner artifacts (model-distribution),
 Ollama's Modelfile layers (server/images.go) for derived models.
 
 Derived models (``POST /api/create`` with ``system``/``parameters``/``messages``/``license``,

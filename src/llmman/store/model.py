@@ -1,6 +1,6 @@
 """What a stored model is: an index entry with its manifest, and the roles of its layers.
 
-Layer roles understood when reading (reference/llmman.md 3.3, 3.5):
+Layer roles understood when reading (Docker Model Runner's ``model-distribution``, CNCF ``model-spec``):
 
 * Docker Model Runner artifacts: ``application/vnd.docker.ai.gguf.v3`` (weights, one layer per shard),
   ``application/vnd.docker.ai.mmproj`` (vision projector), ``application/vnd.docker.ai.license`` (doc).

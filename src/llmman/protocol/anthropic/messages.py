@@ -1,7 +1,7 @@
 """Anthropic Messages dialect (``/v1/messages``, ``/v1/messages/count_tokens``) over llama-server's own
-``/v1/messages`` (reference/llama-server.md §3.9), fixing only where the native route falls short.
+``/v1/messages``, fixing only where the native route falls short.
 
-What llmman changes, and why (reference/llmman.md §2.9 lists what the old llmman got wrong):
+What llmman changes, and why:
 
 - Request: checked as Anthropic checks it (:mod:`llmman.protocol.anthropic.validate`; llama-server takes
   most malformed bodies with a 200 or fails with a 500). ``role: "system"`` messages anywhere in

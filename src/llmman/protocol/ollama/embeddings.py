@@ -1,5 +1,5 @@
 """Ollama embeddings (``/api/embed``, legacy ``/api/embeddings``) over llama-server's ``/v1/embeddings``
-(reference/ollama.md §1, reference/llama-server.md §3.5). No I/O here.
+(Ollama's ``api.EmbedRequest``/``api.EmbeddingRequest``; the child runs with ``--embeddings``). No I/O.
 
 - ``/api/embed`` ``{model, input: str | [str], truncate = true, dimensions?, keep_alive?, options?}`` ->
   ``{model, embeddings: [[float]], total_duration, load_duration, prompt_eval_count}``. ``dimensions``
@@ -32,7 +32,7 @@ __all__ = ["TOO_LONG", "EmbedRequest", "embed_request", "fit_tokens", "legacy_re
            "ollama_embed_response", "shorten_answer", "too_long", "vectors"]
 
 TOO_LONG = "the input length exceeds the context length"
-"""Ollama's 400 message for an input over the context with ``truncate: false`` (reference/ollama.md §1.8)."""
+"""Ollama's 400 message for an input over the context with ``truncate: false`` (Ollama's words)."""
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,8 @@ def legacy_request(body: Mapping[str, object]) -> EmbedRequest:
 
 def too_long(status: int, message: str) -> bool:
     """Whether a llama-server error answer means an input did not fit: 400 ``request (N tokens) exceeds the
-    available context size`` or 500 ``input (N tokens) is too large to process`` (reference/llama-server.md
-    §4, errors)."""
+    available context size`` or 500 ``input (N tokens) is too large to process`` (llama-server's
+    own error texts)."""
     return (status == 400 and "exceeds the available context size" in message) or (
         status >= 500 and "too large to process" in message)
 
@@ -107,7 +107,7 @@ def fit_tokens(inputs: list[list[int]], n_ctx: int, *, truncate: bool) -> list[l
 
     Raises:
         BadRequest: ``the input length exceeds the context length`` when ``truncate`` is false and an input
-            has more than ``n_ctx`` tokens (Ollama's rule and words, reference/ollama.md §1.8).
+            has more than ``n_ctx`` tokens (Ollama's rule and words).
     """
     if not truncate and any(len(tokens) > n_ctx for tokens in inputs):
         raise BadRequest(TOO_LONG)

@@ -1,7 +1,7 @@
 """Ollama request fields that are not about messages: body, model, ``options``, ``format`` and ``think``.
 
 Pure functions from client JSON to llama-server request fields; every bad input raises
-:class:`~llmman.errors.BadRequest` with Ollama-like text (reference/ollama.md §1.1, §1.6, §1.13).
+:class:`~llmman.errors.BadRequest` with Ollama-like text (the wording of Ollama's ``server/routes.go``).
 The request builders live in :mod:`llmman.protocol.ollama.request`, the stream transducer in
 :mod:`llmman.protocol.ollama.stream`.
 """
@@ -31,7 +31,7 @@ __all__ = [
 _Kind = Literal["integer", "float", "boolean", "array of strings"]
 
 #: Ollama sampling option -> (llama-server request field, expected type). Source: Ollama ``api.Options``
-#: and llama-server's ``/completion`` sampling fields (reference/llama-server.md §3.3, §5).
+#: and llama-server's ``/completion`` sampling fields (llama.cpp ``tools/server/README.md``).
 _SAMPLING: Final[dict[str, tuple[str, _Kind]]] = {
     "temperature": ("temperature", "float"),
     "top_k": ("top_k", "integer"),
@@ -51,7 +51,7 @@ _SAMPLING: Final[dict[str, tuple[str, _Kind]]] = {
     "num_keep": ("n_keep", "integer"),
 }
 
-#: Load-time options: changing one means restarting the llama-server child (reference/ollama.md §1.6, §4.5).
+#: Load-time options: changing one means restarting the llama-server child (Ollama reloads its runner).
 _RUNNER: Final[dict[str, _Kind]] = {
     "num_ctx": "integer",
     "num_batch": "integer",
@@ -62,7 +62,7 @@ _RUNNER: Final[dict[str, _Kind]] = {
     "use_mlock": "boolean",
 }
 
-#: Accepted values of ``think`` (reference/ollama.md §1.3).
+#: Accepted string values of ``think``, besides true and false (Ollama's ``api.ThinkValue``).
 THINK_LEVELS: Final = ("low", "medium", "high", "max")
 
 
@@ -192,13 +192,13 @@ def runner_options(options: object) -> RunnerOptions:
 def unknown_options(options: object) -> tuple[str, ...]:
     """Keys of ``options`` llmman does not use (e.g. legacy ``tfs_z``, ``numa``): the caller logs a warning.
 
-    Ollama ignores unknown keys with a warning (reference/ollama.md §0 item 10).
+    Ollama ignores unknown keys with a warning; its Python client still sends removed ones.
     """
     return tuple(k for k in _options_map(options) if k not in _SAMPLING and k not in _RUNNER)
 
 
 def format_to_response_format(fmt: object) -> dict[str, object] | None:
-    """Map Ollama ``format`` to llama-server ``response_format`` (reference/llama-server.md §3.3).
+    """Map Ollama ``format`` to the OpenAI-style ``response_format`` of llama-server's chat route.
 
     ``"json"`` -> ``{"type": "json_object"}``; a JSON-schema object -> ``{"type": "json_schema",
     "json_schema": {"name": "schema", "schema": fmt}}``; ``""``/None -> None.
@@ -221,7 +221,7 @@ def validate_think(think: object) -> bool | str | None:
     """Check Ollama ``think``: true, false, one of ``low|medium|high|max``, or absent (None).
 
     Raises:
-        BadRequest: ``invalid think value: ...`` for anything else (reference/ollama.md §1.3).
+        BadRequest: ``invalid think value: ...`` for anything else (Ollama answers 400 too).
     """
     if think is None or isinstance(think, bool):
         return think
@@ -234,7 +234,7 @@ def validate_think(think: object) -> bool | str | None:
 
 
 def think_fields(think: bool | str | None) -> dict[str, object]:
-    """llama-server chat fields for a validated ``think`` value (reference/llama-server.md §3.3, §5).
+    """llama-server chat fields (``chat_template_kwargs``, ``reasoning_effort``) for a validated ``think``.
 
     - None: nothing (the model's template default). The routes first apply Ollama's default, which turns
       thinking on for a model with the ``thinking`` capability

@@ -1,9 +1,9 @@
 """Ollama ``/api/chat`` and ``/api/generate`` bodies -> one llama-server request.
 
 The upstream request ALWAYS streams (``"stream": true`` with ``stream_options.include_usage``): llmman
-aggregates for ``stream:false`` itself, so there is one code path (the old llmman ignored ``stream:false``;
-reference/llmman.md §2.7, §10). Field rules: reference/ollama.md §1.3–1.4, reference/llama-server.md
-§3.3–3.4, §5.
+aggregates for ``stream:false`` itself, so there is one code path (the old llmman ignored ``stream:false``).
+Field rules: Ollama's ``api.ChatRequest``/``api.GenerateRequest`` (``api/types.go``) in, llama-server's
+``/v1/chat/completions`` and ``/v1/completions`` bodies out.
 """
 
 from __future__ import annotations
@@ -303,8 +303,8 @@ def generate_request(body: dict[str, object]) -> UpstreamRequest:
 
 def with_default_think(request: UpstreamRequest, capabilities: Collection[str]) -> UpstreamRequest:
     """Ollama's thinking default: a request without ``think`` to a model with the ``thinking`` capability
-    thinks (reference/ollama.md §1.3: "if the model has the thinking capability and think is unset, the
-    server turns thinking on"), so ``think`` becomes True and its llama-server fields are sent, whatever
+    thinks (Ollama's ChatHandler/GenerateHandler turn thinking on then), so ``think`` becomes True and its
+    llama-server fields are sent, whatever
     the template's own default. Raw ``/api/generate`` (no template) and load requests are left alone, as
     is a request that set ``think`` itself."""
     if request.think is not None or request.is_load or request.path != CHAT_PATH:

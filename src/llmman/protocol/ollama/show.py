@@ -1,4 +1,4 @@
-"""``/api/show``'s ``parameters`` text from a GGUF header (reference/ollama.md §1.10).
+"""``/api/show``'s ``parameters`` text from a GGUF header (Ollama's ``api.ShowResponse.Parameters``).
 
 Ollama writes one ``key value`` pair per line, the key padded to 30 columns, string values quoted;
 clients parse it for ``num_ctx`` and the ``stop`` sequences. llmman reports the context a load would

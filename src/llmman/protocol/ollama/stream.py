@@ -1,10 +1,11 @@
 """llama-server streaming chunks -> Ollama NDJSON objects (a pure stream transducer).
 
-Fixes the old llmman's stream bugs (reference/llmman.md §2.7, §10): no object for an empty delta (the
+Fixes the old llmman's stream bugs: no object for an empty delta (the
 role-only first chunk, the finish chunk, the usage chunk), exactly ONE ``done: true`` object (from
 :meth:`OllamaStream.final`, never from ``[DONE]`` or ``finish_reason``), a real ``done_reason``
 (``length`` when llama-server says so), the six metrics, and ``stream:false`` through :meth:`aggregate`.
-Shapes: reference/ollama.md §1.3–1.5, reference/llama-server.md §3.3–3.4, §5.
+Shapes: Ollama's ``api.ChatResponse``/``api.GenerateResponse`` (``api/types.go``) out of llama-server's
+``/v1/chat/completions`` and ``/v1/completions`` SSE chunks.
 """
 
 from __future__ import annotations
@@ -273,7 +274,7 @@ class OllamaStream:
 def load_response(
     kind: Kind, model: str, created_at: str, done_reason: Literal["load", "unload"]
 ) -> dict[str, object]:
-    """The one-object answer to an empty-prompt / empty-messages request (reference/ollama.md §1.3–1.4).
+    """The one-object answer to an empty-prompt / empty-messages request (Ollama's load/unload).
 
     ``created_at`` is the RFC 3339 UTC timestamp string; chat carries ``message {role: assistant,
     content: ""}`` (the Python client requires ``message``), generate carries ``response: ""``.

@@ -1,6 +1,5 @@
 """OpenAI Responses dialect (``/v1/responses``, ``/v1/responses/input_tokens``): the clean-ups Codex
-needs before the body goes to llama-server's own Responses route (reference/llmman.md §2.8,
-reference/llama-server.md §3.9).
+needs before the body goes to llama-server's own Responses route (``/v1/responses``).
 
 - ``tools[]`` entries whose ``type`` is not ``"function"`` are dropped (Codex always sends
   ``web_search``/``namespace``/``local_shell`` tools that a local model cannot run, and llama-server's

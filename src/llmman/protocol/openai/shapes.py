@@ -1,7 +1,7 @@
 """Small helpers for the OpenAI dialect: error bodies, peeking at a request, ``GET /v1/models``.
 
-OpenAI requests are passed to llama-server byte for byte (reference/llmman.md §2.8), so llmman only reads
-``model`` and ``stream``. Error shape and types: reference/ollama.md §2, reference/llama-server.md §4.
+OpenAI requests are passed to llama-server byte for byte, so llmman only reads ``model`` and ``stream``.
+Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``, ``type`` following the status.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def client_fault(status: int, message: str) -> bool:
     The rule: only a **500**, only one that arrives as the answer's status line (before the first byte of
     a body, so the client can still be told the right status), and only when the message begins with one
     of :data:`CLIENT_FAULTS`. llama-server turns every exception other than a JSON type error into a 500
-    (reference/llama-server.md §4), including these request-conversion failures, which are entirely
+    (its catch-all error handler), including these request-conversion failures, which are entirely
     determined by the request: the same body fails the same way every time. Everything else keeps its
     status: runtime failures ("Context size has been exceeded", a crash, "Loading model" 503, ...) are
     not the client's to fix.

@@ -2,7 +2,7 @@
 
 llama-server answers most malformed fields with its own 400, but some (a message without ``role``, a
 tool without ``function``, a text part without ``text``, an assistant ``tool_calls`` that is not a list)
-fail inside its chat-template code and come back as a **500** (reference/llama-server.md §4). So llmman
+fail inside its chat-template code and come back as a **500** (llama-server's catch-all status). So llmman
 checks the shapes OpenAI itself checks, before forwarding, and answers OpenAI's 400::
 
     {"error": {"message": "Invalid type for 'messages[0].content': expected one of a string or array
@@ -42,7 +42,7 @@ _PART_TYPES = ("text", "image_url", "input_audio", "refusal", "audio", "file")
 _TOOL_CHOICES = ("none", "auto", "required")
 _RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 #: ``reasoning_effort`` values llmman accepts: OpenAI's, plus the extra levels Ollama maps
-#: (reference/ollama.md §2: ``minimal`` -> low, ``xhigh``/``ultra`` -> max).
+#: (Ollama's ``openai/openai.go``: ``minimal`` -> low, ``xhigh``/``ultra`` -> max).
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "max", "xhigh", "ultra")
 
 
