@@ -122,6 +122,16 @@ class RunnerError(LlmmanError):
     cause = "unknown"  # runner.crash.Cause value, set where the child's output named one
 
 
+class UpstreamError(LlmmanError):
+    """llama-server answered an error status before its first byte: its own words, with ``status`` (a 500
+    that is really the client's fault is passed here as 400 by the caller)."""
+
+    code = "upstream_error"
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message, status=status)
+
+
 class LoadTimeout(RunnerError):
     """A llama-server child produced no output and did not become ready within the load timeout."""
 

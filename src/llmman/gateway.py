@@ -1,13 +1,12 @@
-"""The data path of one inference request, whatever its dialect.
+"""The local half of the data path: a request's model in the store, a lease on its child, the upstream.
 
-``api/<dialect>`` parses the body, then asks the gateway to :meth:`Gateway.open` an upstream
-exchange: the model is resolved in the store, the scheduler hands out a lease (loading the
-model if needed), and the request goes to that model's ``llama-server``. The gateway returns
-once the upstream answered with its status line, so the API layer can still send a real HTTP
-status for failures before the first byte (Ollama's rule); after that it streams the body
-chunks and releases the lease when the stream ends, fails or the client goes away.
-
-Placement across an aggregation (a later issue) plugs in before :meth:`Gateway.plan`.
+The pipeline (api/inference.py) has already asked the router where the request runs; when that is
+this node it calls :meth:`Gateway.ensure` (resolve in the store; pull, or copy from the peer the router
+named, when missing), then :meth:`Gateway.open`: the scheduler hands out a lease (loading the model if
+needed) and the request goes to that model's ``llama-server``. :meth:`Gateway.open` returns once the
+child answered with its status line, so the API layer can still send a real HTTP status for failures
+before the first byte; after that it streams the body chunks and releases the lease when the stream
+ends, fails or the client goes away. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -19,13 +18,13 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from llmman.cluster.copy import PULL_SOURCE, copy_from_peer
+from llmman.cluster.copy import PullSource, copy_from_peer
 from llmman.config.presets import Preset, by_reference
 from llmman.errors import LlmmanError, ModelNotFound, NotFound, RunnerError
 from llmman.refs import Reference, parse_reference
 from llmman.registry.puller import Puller
 from llmman.sched.memory import estimate
-from llmman.sched.scheduler import Lease, ModelPlan, Scheduler
+from llmman.sched.scheduler import Lease, ModelPlan, Runner, Scheduler
 from llmman.store import Store, StoredModel
 
 log = logging.getLogger("llmman.gateway")
@@ -44,13 +43,10 @@ class ResolvedModel:
     stored: StoredModel
 
 
-async def _exited(runner: object, *, within: float) -> bool:
+async def _exited(runner: Runner, *, within: float) -> bool:
     """True when ``runner`` (a runner.process.LlamaServerProcess) exits within ``within`` seconds."""
-    exited = getattr(runner, "exited", None)
-    if not isinstance(exited, asyncio.Event):
-        return False
     try:
-        await asyncio.wait_for(exited.wait(), within)
+        await asyncio.wait_for(runner.exited.wait(), within)
     except TimeoutError:
         return False
     return True
@@ -152,9 +148,11 @@ class Gateway:
             raise ModelNotFound(name)
         return ResolvedModel(requested=name, reference=ref, stored=stored)
 
-    async def ensure(self, name: str) -> ResolvedModel:
-        """Like :meth:`resolve`, but a model missing from the store is pulled first (once, however many
-        requests wait: :meth:`Puller.ensure` is single-flight per reference) when a puller is set.
+    async def ensure(self, name: str, source: PullSource | None = None) -> ResolvedModel:
+        """Like :meth:`resolve`, but a model missing from the store is fetched first when a puller is
+        set: copied from ``source`` (a peer storing it, as the router decided) if given, else — or when
+        that copy fails — pulled from its registry (once, however many requests wait:
+        :meth:`Puller.ensure` is single-flight per reference). The same for every route.
 
         Raises:
             ModelNotFound: 404 ``model '<name>' not found: <why the pull failed>``, never a 500.
@@ -165,7 +163,6 @@ class Gateway:
             if self.puller is None:
                 raise
         puller = self.puller
-        source = PULL_SOURCE.get()
         if source is not None:  # aggregation: a peer stores it, copy from its /v2/ first
             try:
                 await asyncio.to_thread(copy_from_peer, puller, parse_reference(name, self._aliases), source)
@@ -194,14 +191,6 @@ class Gateway:
         n_ctx = num_ctx if num_ctx and num_ctx > 0 else default_ctx
         if info.context_length:
             n_ctx = min(n_ctx, int(info.context_length))
-        details: dict[str, object] = {
-            "parent_model": "",
-            "format": "gguf",
-            "family": info.family or info.architecture or "",
-            "families": [info.family or info.architecture or ""],
-            "parameter_size": info.parameter_size or "",
-            "quantization_level": info.quantization or "",
-        }
         n_ctx = max(n_ctx, 256)
         projector = files.mmproj.stat().st_size if files.mmproj and files.mmproj.exists() else 0
         predicted = estimate(info, n_ctx=n_ctx, n_parallel=n_parallel, extra_weights=projector)
@@ -212,7 +201,6 @@ class Gateway:
             n_ctx=n_ctx,
             model_path=str(files.model),
             mmproj_path=str(files.mmproj) if files.mmproj else None,
-            details=details,
             estimate=predicted.total,
             n_parallel=n_parallel,
             embedding=embedding,

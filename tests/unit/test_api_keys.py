@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.types import Receive, Scope, Send
 
-from llmman.api.aggregate import Receive, Scope, Send
 from llmman.api.auth import ApiKeys
 
 

@@ -1,25 +1,28 @@
 """Anthropic routes: ``POST /v1/messages`` (streaming and not) and ``POST /v1/messages/count_tokens``.
 
-The body is checked and normalised by :mod:`llmman.protocol.anthropic.messages` (Anthropic's own checks, then
-Ollama's capability checks: tools and images need the model's ``tools``/``vision``, ``thinking`` is
-relaxed for a model that cannot think and otherwise mapped to llama-server's reasoning controls), then
-sent to the child's own ``/v1/messages`` (or ``/v1/messages/count_tokens``); answers are fixed up (id,
-model, ping, block order, errors) by the same module. A request whose ``tool_choice`` forces a tool goes
-to the child's ``/v1/chat/completions`` with a JSON-schema grammar instead, translated both ways by
-:mod:`llmman.protocol.anthropic.tools`. Errors before the first byte carry their real status in
-Anthropic's shape (api/errors.py picks the shape by path); after it, one ``error`` event ends the stream.
+The body is checked and normalised by :mod:`llmman.protocol.anthropic.messages` (Anthropic's own checks,
+then Ollama's capability checks: tools and images need the model's ``tools``/``vision``, ``thinking`` is
+relaxed for a model that cannot think and otherwise mapped to llama-server's reasoning controls); the
+request goes through the pipeline (api/inference.py) and, served here, to the child's own ``/v1/messages``
+(or ``/v1/messages/count_tokens``); answers are fixed up (id, model, ping, block order, errors) by the
+same module. A request whose ``tool_choice`` forces a tool goes to the child's ``/v1/chat/completions``
+with a JSON-schema grammar instead, translated both ways by :mod:`llmman.protocol.anthropic.tools`. Errors
+before the first byte carry their real status in Anthropic's shape (api/errors.py picks the shape by
+path); after it, one ``error`` event ends the stream.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from functools import partial
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from llmman.api.cancel import unless_disconnected
+from llmman.api.inference import Call, run
+from llmman.api.relay import stream_answer
 from llmman.api.services import Services
 from llmman.errors import BadRequest, LlmmanError
 from llmman.gateway import ResolvedModel, UpstreamExchange
@@ -33,7 +36,7 @@ from llmman.protocol.anthropic.messages import (
 from llmman.protocol.anthropic.tools import ForcedToolStream, forced_message, forced_request
 from llmman.protocol.anthropic.validate import forced_tool
 from llmman.protocol.capabilities import anthropic_needs, capability_error
-from llmman.protocol.framing import SSEDecoder
+from llmman.protocol.transducer import SSETransducer
 
 log = logging.getLogger("llmman.api.anthropic")
 
@@ -58,10 +61,16 @@ async def count_tokens(request: Request) -> Response:
 
 
 async def _forward(request: Request, path: str) -> Response:
-    services: Services = request.app.state.services
     counting = path == "/v1/messages/count_tokens"
     body, name = prepare_request(_parse(await request.body()), count_tokens=counting)
-    model = services.gateway.resolve(name)
+    return await run(request, Call(name, partial(_serve, request, path, body, name)))
+
+
+async def _serve(request: Request, path: str, body: dict[str, object], name: str,
+                 model: ResolvedModel) -> Response:
+    """The local step: capabilities, thinking, then the child's own Anthropic route (or forced tools)."""
+    services: Services = request.app.state.services
+    counting = path == "/v1/messages/count_tokens"
     have = services.store.info(model.stored).capabilities
     if not counting:  # counting tokens generates nothing: any model may count
         refusal = capability_error(name, "chat", anthropic_needs(body), have)
@@ -109,32 +118,6 @@ async def _answer(request: Request, exchange: UpstreamExchange) -> object:
         raise LlmmanError("llama-server sent an answer that is not JSON") from exc
 
 
-def _streaming(exchange: UpstreamExchange, transducer: AnthropicStream | ForcedToolStream) -> Response:
-    return StreamingResponse(_events(exchange, transducer), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
-
-
-async def _events(exchange: UpstreamExchange,
-                  transducer: AnthropicStream | ForcedToolStream) -> AsyncIterator[bytes]:
-    decoder = SSEDecoder()
-    try:
-        async for chunk in exchange.chunks():
-            for event in decoder.feed(chunk):
-                out = transducer.feed(event)
-                if out:
-                    yield out
-        for event in decoder.close():
-            out = transducer.feed(event)
-            if out:
-                yield out
-        tail = transducer.close()
-        if tail:
-            yield tail
-    except LlmmanError as exc:
-        log.warning("stream for %s ended with an error: %s", exchange.lease.reference, exc.message)
-        yield transducer.error(exc.message, exc.status)
-    except Exception as exc:  # an in-band error rather than a torn stream, never a traceback
-        log.exception("stream for %s failed", exchange.lease.reference, exc_info=exc)
-        yield transducer.error("internal server error")
-    finally:
-        exchange.close()
+def _streaming(exchange: UpstreamExchange, events: AnthropicStream | ForcedToolStream) -> Response:
+    return stream_answer(exchange, SSETransducer(events), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})

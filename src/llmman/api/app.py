@@ -8,10 +8,10 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from llmman.api import anthropic, embeddings, node, ollama_infer, ollama_models, openai, responses
-from llmman.api.aggregate import Aggregate
 from llmman.api.auth import ApiKeys
 from llmman.api.cors import CORSAndHostGuard
 from llmman.api.errors import CatchAll, handle_http_error, handle_llmman_error
+from llmman.api.pool import pooled
 from llmman.api.services import Services
 from llmman.api.transfer_routes import transfer_routes
 from llmman.errors import LlmmanError
@@ -22,8 +22,8 @@ def build_app(services: Services) -> Starlette:
     routes = [
         Route("/", ollama_models.root, methods=["GET", "HEAD"]),
         Route("/api/version", ollama_models.version, methods=["GET", "HEAD"]),
-        Route("/api/tags", ollama_models.tags, methods=["GET", "HEAD"]),
-        Route("/api/ps", ollama_models.ps, methods=["GET"]),
+        Route("/api/tags", pooled("/api/tags", ollama_models.tags), methods=["GET", "HEAD"]),
+        Route("/api/ps", pooled("/api/ps", ollama_models.ps), methods=["GET"]),
         Route("/api/show", ollama_models.show, methods=["POST"]),
         Route("/api/delete", ollama_models.delete, methods=["DELETE"]),
         Route("/api/copy", ollama_models.copy, methods=["POST"]),
@@ -31,7 +31,7 @@ def build_app(services: Services) -> Starlette:
         Route("/api/generate", ollama_infer.generate, methods=["POST"]),
         Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai.completions, methods=["POST"]),
-        Route("/v1/models", openai.models, methods=["GET"]),
+        Route("/v1/models", pooled("/v1/models", openai.models), methods=["GET"]),
         Route("/v1/models/{id:path}", openai.model, methods=["GET"]),
         Route("/llmman/node", node.node, methods=["GET"]),
         *transfer_routes(),
@@ -46,7 +46,7 @@ def build_app(services: Services) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[Middleware(CORSAndHostGuard, settings=services.settings), Middleware(CatchAll),
-                    Middleware(ApiKeys, keys=services.settings.api_keys), Middleware(Aggregate)],
+                    Middleware(ApiKeys, keys=services.settings.api_keys)],
         exception_handlers={
             LlmmanError: handle_llmman_error,
             HTTPException: handle_http_error,

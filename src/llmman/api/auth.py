@@ -12,9 +12,9 @@ import hashlib
 import hmac
 
 import orjson
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llmman.api.aggregate import ASGIApp, Receive, Scope, Send
-from llmman.api.errors import is_anthropic_path, is_openai_path
+from llmman.protocol.errors import Dialect, dialect_of
 from llmman.protocol.openai.shapes import openai_error
 
 OPEN_PATHS = frozenset({"/", "/api/version"})
@@ -29,9 +29,10 @@ def unauthorized_body(path: str) -> bytes:
     ``{"error": "..."}``."""
     if path == "/v2" or path.startswith("/v2/"):
         return orjson.dumps({"errors": [{"code": "UNAUTHORIZED", "message": MESSAGE}]})
-    if is_anthropic_path(path):
+    dialect = dialect_of(path)
+    if dialect is Dialect.ANTHROPIC:
         return orjson.dumps({"type": "error", "error": {"type": "authentication_error", "message": MESSAGE}})
-    if is_openai_path(path):
+    if dialect is not Dialect.OLLAMA:
         return orjson.dumps(openai_error(MESSAGE, status=401, type_="invalid_request_error",
                                          code="invalid_api_key"))
     return orjson.dumps({"error": MESSAGE})
@@ -74,7 +75,8 @@ class ApiKeys:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (not self.keys or scope["type"] != "http" or scope["path"] in OPEN_PATHS
                 or accepted(self.keys, scope["headers"])):
-            return await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
         body = unauthorized_body(scope["path"])
         await send({"type": "http.response.start", "status": 401, "headers": [
             (b"content-type", b"application/json; charset=utf-8"),

@@ -1,22 +1,26 @@
 """Embedding routes: ``POST /api/embed``, ``/api/embeddings`` (Ollama) and ``/v1/embeddings`` (OpenAI,
 passed byte for byte unless an input is too long). All run on the model's embedding child
-(``--embeddings``, ModelPlan.embedding), started beside any chat child of the same model. Translation:
+(``--embeddings``, ModelPlan.embedding), started beside any chat child of the same model; each goes through
+the pipeline (api/inference.py) like every inference route. Translation:
 :mod:`llmman.protocol.ollama.embeddings`.
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from llmman.api.cancel import unless_disconnected
+from llmman.api.inference import Call, run
 from llmman.api.services import Services
 from llmman.durations import parse_duration
-from llmman.errors import LlmmanError, ModelNotFound
+from llmman.errors import LlmmanError, UpstreamError
 from llmman.gateway import ResolvedModel, UpstreamExchange
+from llmman.protocol.errors import upstream_text
 from llmman.protocol.ollama.embeddings import (
     EmbedRequest,
     embed_request,
@@ -81,21 +85,11 @@ async def _fitted(request: Request, model: ResolvedModel, inputs: list[object], 
     return list(fit_tokens(tokenized, n_ctx, truncate=truncate))
 
 
-def _message(data: bytes) -> str:
-    try:
-        answer = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return data.decode("utf-8", "replace")
-    err = answer.get("error") if isinstance(answer, dict) else None
-    message = err.get("message") if isinstance(err, dict) else None
-    return str(message) if message else data.decode("utf-8", "replace")
-
-
-async def _embed(request: Request, req: EmbedRequest) -> tuple[list[list[float]], int, int]:
-    """Run ``req`` on the embedding child: ``(vectors, prompt tokens, load ns)``. Over-long inputs are cut
-    or refused as :mod:`llmman.protocol.ollama.embeddings` describes."""
+async def _embed(request: Request, req: EmbedRequest, model: ResolvedModel
+                 ) -> tuple[list[list[float]], int, int]:
+    """Run ``req`` on ``model``'s embedding child: ``(vectors, prompt tokens, load ns)``. Over-long inputs
+    are cut or refused as :mod:`llmman.protocol.ollama.embeddings` describes."""
     services: Services = request.app.state.services
-    model = services.gateway.resolve(req.model)
     keep_alive = None if req.keep_alive is None else parse_duration(req.keep_alive)
     if not req.inputs:
         lease = await services.gateway.acquire(model, keep_alive=keep_alive, num_ctx=req.num_ctx,
@@ -106,15 +100,15 @@ async def _embed(request: Request, req: EmbedRequest) -> tuple[list[list[float]]
     status, data, exchange = await _post(request, model, "/v1/embeddings", orjson.dumps(upstream),
                                          keep_alive=keep_alive, num_ctx=req.num_ctx)
     load_ns = int(exchange.lease.load_duration * 1e9)
-    if status != 200 and too_long(status, _message(data)):
+    if status != 200 and too_long(status, upstream_text(data)):
         inputs = await _fitted(request, model, list(req.inputs), truncate=req.truncate, keep_alive=keep_alive,
                                num_ctx=req.num_ctx)
         cut = orjson.dumps({**upstream, "input": inputs})
         status, data, _ = await _post(request, model, "/v1/embeddings", cut, keep_alive=keep_alive,
                                       num_ctx=req.num_ctx)
     if status != 200:
-        message = _message(data)
-        raise LlmmanError(message, status=400 if status >= 500 and "too large" in message else status)
+        message = upstream_text(data)
+        raise UpstreamError(message, 400 if status >= 500 and "too large" in message else status)
     try:
         answer = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -127,23 +121,30 @@ async def embed(request: Request) -> Response:
     """``POST /api/embed``."""
     started = time.monotonic_ns()
     req = embed_request(parse_json_body(await request.body()))
-    embeddings, tokens, load_ns = await _embed(request, req)
-    body = ollama_embed_response(req.model, embeddings, prompt_tokens=tokens,
-                                 total_ns=time.monotonic_ns() - started, load_ns=load_ns)
-    return Response(orjson.dumps(body), media_type=JSON)
+
+    async def serve(model: ResolvedModel) -> Response:
+        embeddings, tokens, load_ns = await _embed(request, req, model)
+        body = ollama_embed_response(req.model, embeddings, prompt_tokens=tokens,
+                                     total_ns=time.monotonic_ns() - started, load_ns=load_ns)
+        return Response(orjson.dumps(body), media_type=JSON)
+
+    return await run(request, Call(req.model, serve))
 
 
 async def embeddings_legacy(request: Request) -> Response:
     """``POST /api/embeddings``: ``{"embedding": [...]}``."""
     req = legacy_request(parse_json_body(await request.body()))
-    vecs, _, _ = await _embed(request, req)
-    return Response(orjson.dumps({"embedding": vecs[0] if vecs else []}), media_type=JSON)
+
+    async def serve(model: ResolvedModel) -> Response:
+        vecs, _, _ = await _embed(request, req, model)
+        return Response(orjson.dumps({"embedding": vecs[0] if vecs else []}), media_type=JSON)
+
+    return await run(request, Call(req.model, serve))
 
 
 async def v1_embeddings(request: Request) -> Response:
     """``POST /v1/embeddings``: the original bytes to the embedding child, its answer unchanged except
     that ``dimensions`` (which llama-server ignores) is applied to the vectors."""
-    services: Services = request.app.state.services
     raw = await request.body()
     body, name = peek_model(raw)
     try:
@@ -151,15 +152,17 @@ async def v1_embeddings(request: Request) -> Response:
     except InvalidParam as exc:
         error = openai_error(exc.message, status=400, param=exc.param)
         return Response(orjson.dumps(error), status_code=400, media_type="application/json")
-    try:
-        model = services.gateway.resolve(name)
-    except ModelNotFound as exc:
-        raise LlmmanError(f"model '{name}' not found", status=404, code="model_not_found") from exc
+    return await run(request, Call(name, partial(_v1_serve, request, body, raw, dimensions)))
+
+
+async def _v1_serve(request: Request, body: dict[str, object], raw: bytes, dimensions: int | None,
+                    model: ResolvedModel) -> Response:
+    """The local step of ``/v1/embeddings``: the bytes to the embedding child, cut when too long."""
     content_type = request.headers.get("content-type", "application/json")
     status, data, exchange = await _post(request, model, "/v1/embeddings", raw, keep_alive=None, num_ctx=None,
                                          content_type=content_type)
     inputs = body.get("input")
-    if status != 200 and too_long(status, _message(data)) and isinstance(inputs, (str, list)):
+    if status != 200 and too_long(status, upstream_text(data)) and isinstance(inputs, (str, list)):
         # Ollama's OpenAI route truncates too (its truncate defaults to true); a bare token array is one input
         items = [inputs] if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)) else inputs
         fitted = await _fitted(request, model, list(items), truncate=True, keep_alive=None, num_ctx=None)

@@ -1,8 +1,8 @@
-"""Rendering errors in each client's dialect.
+"""Error responses in each client's dialect (the bodies are rendered by llmman.protocol.errors).
 
 Ollama routes answer ``{"error": "<text>"}``; Anthropic routes (``/v1/messages``) answer
 ``{"type": "error", "error": {"type", "message"}}``; other OpenAI routes (``/v1/...``) answer
-``{"error": {"message", "type", "param", "code"}}``. Both carry the real HTTP status and a
+``{"error": {"message", "type", "param", "code"}}``. All carry the real HTTP status and a
 ``Retry-After`` header when the error has one. Unexpected exceptions become a 500 with a generic
 text (the traceback goes to the daemon log, never to the client).
 """
@@ -11,36 +11,15 @@ from __future__ import annotations
 
 import logging
 
-import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmman.errors import LlmmanError
-from llmman.protocol.anthropic.messages import anthropic_error
-from llmman.protocol.openai.shapes import openai_error
+from llmman.protocol.errors import dialect_of, error_body
 
 log = logging.getLogger("llmman.api")
-
-
-def is_openai_path(path: str) -> bool:
-    """True for routes that speak the OpenAI dialect (everything under ``/v1/``)."""
-    return path.startswith("/v1/")
-
-
-def is_anthropic_path(path: str) -> bool:
-    """True for the Anthropic Messages routes (``/v1/messages...``), which answer Anthropic's error shape."""
-    return path == "/v1/messages" or path.startswith("/v1/messages/")
-
-
-def error_body(path: str, message: str, status: int, code: str | None = None) -> bytes:
-    """The JSON error body for ``path``'s dialect."""
-    if is_anthropic_path(path):
-        return orjson.dumps(anthropic_error(message, status=status))
-    if is_openai_path(path):
-        return orjson.dumps(openai_error(message, status=status, code=code))
-    return orjson.dumps({"error": message})
 
 
 def error_response(path: str, message: str, status: int, *, code: str | None = None,
@@ -49,7 +28,7 @@ def error_response(path: str, message: str, status: int, *, code: str | None = N
     headers = {}
     if retry_after is not None:
         headers["Retry-After"] = str(max(1, round(retry_after)))
-    return Response(error_body(path, message, status, code), status_code=status,
+    return Response(error_body(dialect_of(path), message, status, code), status_code=status,
                     media_type="application/json", headers=headers)
 
 

@@ -8,15 +8,19 @@ manifest's hex without ``sha256:``, ``/api/show`` always has ``model_info``.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from llmman import __version__
+from llmman.api.inference import Call, run
 from llmman.api.ollama_infer import json_response
 from llmman.api.services import Services
+from llmman.cluster.router import Intent
 from llmman.errors import BadRequest, ModelNotFound
+from llmman.gateway import ResolvedModel
 from llmman.gguf import GGUFInfo, model_info
 from llmman.protocol.ollama.fields import parse_json_body
 from llmman.protocol.ollama.show import modelfile_extras, parameters_text, stop_tokens
@@ -99,7 +103,9 @@ async def ps(request: Request) -> Response:
     services = _services(request)
     now = datetime.now(UTC).timestamp()
     rows = []
-    for snap in services.scheduler.snapshot():
+    snaps = services.scheduler.snapshot()
+    listed = _details_by_digest(services, {snap.digest for snap in snaps})
+    for snap in snaps:
         expires = snap.expires_at if snap.expires_at is not None else now + FOREVER_YEARS * 365.25 * 86400
         rows.append(
             (
@@ -110,7 +116,7 @@ async def ps(request: Request) -> Response:
                     "size": snap.memory or snap.size,  # llama-server's own figure, else the estimate
                     "size_vram": snap.memory_device,
                     "digest": snap.digest.removeprefix("sha256:"),
-                    "details": snap.details,
+                    "details": listed[snap.digest],
                     "expires_at": rfc3339(expires, local=True),
                     "context_length": snap.n_ctx,
                     "started_at": rfc3339(snap.started_at),
@@ -133,6 +139,15 @@ async def ps(request: Request) -> Response:
                                "failure": failure.reason(), "error": failure.message}))
     rows.sort(key=lambda r: r[0], reverse=True)
     return json_response({"models": [r[1] for r in rows]})
+
+
+def _details_by_digest(services: Services, digests: set[str]) -> dict[str, dict[str, object]]:
+    """``details`` of each loaded manifest digest, built from the store as ``/api/tags`` builds them
+    (every name of a manifest has the same GGUF; one gone from the store meanwhile gets empty ones)."""
+    if not digests:
+        return {}
+    stored = {m.digest: m for m in services.store.list() if m.digest in digests}
+    return {d: details(_info(services, stored[d]) if d in stored else None) for d in digests}
 
 
 def _one_row_per_model(rows: list[tuple[float, dict[str, Any]]]) -> list[tuple[float, dict[str, Any]]]:
@@ -183,7 +198,12 @@ async def show(request: Request) -> Response:
     verbose = body.get("verbose")
     if verbose is not None and not isinstance(verbose, bool):
         raise BadRequest("verbose must be a boolean")  # Ollama's bool field refuses anything else
-    resolved = services.gateway.resolve(name)
+    # Through the pipeline: with peers, a model stored on another node is described by that node.
+    return await run(request, Call(name, partial(_describe, services, verbose is True), Intent.SHOW))
+
+
+async def _describe(services: Services, verbose: bool, resolved: ResolvedModel) -> Response:
+    """``/api/show``'s answer for a model in this node's store."""
     stored = resolved.stored
     info = _info(services, stored)
     n_ctx = services.settings.context_length
@@ -210,7 +230,7 @@ async def show(request: Request) -> Response:
             "parameters": parameters,
             "template": template,
             "details": details(info),
-            "model_info": model_info(info, verbose=verbose is True) if info is not None else {},
+            "model_info": model_info(info, verbose=verbose) if info is not None else {},
             "capabilities": list(info.capabilities) if info is not None else ["completion"],
             "modified_at": rfc3339(stored.modified_at, local=True),
         }

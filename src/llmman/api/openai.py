@@ -4,16 +4,19 @@ byte (streaming included), and ``/v1/models`` (``/v1/models/{id}``) from the sto
 The body is parsed only to be checked (:mod:`llmman.protocol.openai.validate`: the shapes OpenAI
 checks, so a malformed ``messages`` or ``tools`` gets OpenAI's 400 naming the ``param`` instead of
 llama-server's 500) and for the model's capabilities (Ollama's checks: tools, thinking, vision, chat or
-generate, :mod:`llmman.protocol.capabilities`); then the original bytes go upstream and the child's
-status, headers and body come back unchanged, except a 500 that is really a bad request, which
-becomes a 400 (:func:`llmman.protocol.openai.client_fault`). If the child dies mid-stream the client
-gets one SSE ``data: {"error": ...}`` event, as llama-server itself reports late errors.
+generate, :mod:`llmman.protocol.capabilities`); then the request goes through the pipeline
+(api/inference.py) and, served here, the original bytes go upstream and the child's status, headers
+and body come back unchanged (api/relay.py :func:`~llmman.api.relay.passthrough`), except a 500 that is
+really a bad request, which becomes a 400 (:func:`llmman.protocol.openai.shapes.client_fault`). If the
+child dies mid-stream the client gets one SSE ``data: {"error": ...}`` event, as llama-server itself
+reports late errors.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 
 import orjson
 from starlette.requests import Request
@@ -21,12 +24,14 @@ from starlette.responses import Response
 
 from llmman.api.cancel import unless_disconnected
 from llmman.api.derived import openai_chat_with_defaults
-from llmman.api.passthrough import relay
+from llmman.api.inference import Call, run
+from llmman.api.relay import passthrough
 from llmman.api.services import Services
 from llmman.cluster.peers import HOP
 from llmman.errors import LlmmanError, ModelNotFound
+from llmman.gateway import ResolvedModel
 from llmman.protocol.capabilities import capability_error, openai_chat_needs
-from llmman.protocol.framing import sse
+from llmman.protocol.errors import Dialect
 from llmman.protocol.openai.shapes import models_list, openai_error, peek_model
 from llmman.protocol.openai.validate import InvalidParam, validate_chat, validate_completion
 from llmman.refs import parse_reference
@@ -51,7 +56,6 @@ def bad_request(message: str, param: str | None = None) -> Response:
 
 
 async def _proxy(request: Request, path: str) -> Response:
-    services: Services = request.app.state.services
     raw = await request.body()
     body, name = peek_model(raw)
     chat = path == "/v1/chat/completions"
@@ -62,10 +66,14 @@ async def _proxy(request: Request, path: str) -> Response:
             validate_completion(body)
     except InvalidParam as exc:
         return bad_request(exc.message, exc.param)
-    try:
-        model = await services.gateway.ensure(name)
-    except ModelNotFound as exc:
-        raise LlmmanError(exc.message, status=404, code="model_not_found") from exc
+    return await run(request, Call(name, partial(_serve, request, path, body, raw, name)))
+
+
+async def _serve(request: Request, path: str, body: dict[str, object], raw: bytes, name: str,
+                 model: ResolvedModel) -> Response:
+    """The local step: capabilities, a derived model's defaults, then the bytes to the child."""
+    services: Services = request.app.state.services
+    chat = path == "/v1/chat/completions"
     needed = openai_chat_needs(body) if chat else ("completion",)
     have = services.store.info(model.stored).capabilities
     refusal = capability_error(name, "chat" if chat else "generate", needed, have)
@@ -77,13 +85,8 @@ async def _proxy(request: Request, path: str) -> Response:
     # A client that goes away stops the wait (a non-streamed answer arrives only when it is complete).
     opening = services.gateway.open(model, path, raw, content_type=content_type)
     exchange = await unless_disconnected(request, opening)
-    return await relay(request, exchange, stream=body.get("stream") is True, error_event=_error_event,
-                       requested=name)
-
-
-def _error_event(exc: LlmmanError) -> bytes:
-    """A mid-stream failure as llama-server reports one: ``data: {"error": {...}}``."""
-    return sse(openai_error(exc.message, status=exc.status, code=exc.code))
+    return await passthrough(request, exchange, stream=body.get("stream") is True, dialect=Dialect.OPENAI,
+                             requested=name)
 
 
 async def models(request: Request) -> Response:
@@ -121,7 +124,7 @@ async def model(request: Request) -> Response:
             ctx = None
         entry = {"created": int(stored.modified_at), "context_length": int(ctx) if ctx else None}
     if entry is None:
-        raise LlmmanError(f"model '{name}' not found", status=404, code="model_not_found")
+        raise ModelNotFound(name)
     item = models_list([{**entry, "id": name}])["data"]
     return Response(orjson.dumps(item[0] if isinstance(item, list) else {}), media_type="application/json")
 

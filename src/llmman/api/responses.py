@@ -1,28 +1,31 @@
 """OpenAI Responses routes: ``POST /v1/responses`` (streaming and not) and ``/v1/responses/input_tokens``.
 
-The body gets the Codex clean-ups of :mod:`llmman.protocol.openai.responses` and Ollama's capability checks
-(function tools need ``tools``, ``input_image`` parts ``vision``; :func:`llmman.protocol.capabilities.
-responses_needs`), then goes to the child's own route; status, headers and body (``event: response.*``
-SSE when streaming) come back unchanged. Errors before the first byte come in the OpenAI shape with
-their real status (a llama-server 500 that is really a bad request becomes a 400); if the child dies
-mid-stream one ``event: error`` ends it.
+The body gets the Codex clean-ups of :mod:`llmman.protocol.openai.responses` and Ollama's capability
+checks (function tools need ``tools``, ``input_image`` parts ``vision``;
+:func:`llmman.protocol.capabilities.responses_needs`), then goes through the pipeline (api/inference.py)
+and, served here, to the child's own route; status, headers and body (``event: response.*`` SSE when
+streaming) come back unchanged. Errors before the first byte come in the OpenAI shape with their real
+status (a llama-server 500 that is really a bad request becomes a 400); if the child dies mid-stream one
+``event: error`` ends it.
 """
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from llmman.api.cancel import unless_disconnected
+from llmman.api.inference import Call, run
 from llmman.api.openai import bad_request
-from llmman.api.passthrough import relay
+from llmman.api.relay import passthrough
 from llmman.api.services import Services
-from llmman.errors import LlmmanError, ModelNotFound
+from llmman.gateway import ResolvedModel
 from llmman.protocol.capabilities import capability_error, responses_needs
-from llmman.protocol.framing import sse
+from llmman.protocol.errors import Dialect
 from llmman.protocol.openai.responses import clean_request
 
 log = logging.getLogger("llmman.api.responses")
@@ -39,22 +42,19 @@ async def input_tokens(request: Request) -> Response:
 
 
 async def _forward(request: Request, path: str) -> Response:
-    services: Services = request.app.state.services
     body, name = clean_request(await request.body())
-    try:
-        model = services.gateway.resolve(name)
-    except ModelNotFound as exc:
-        raise LlmmanError(f"model '{name}' not found", status=404, code="model_not_found") from exc
+    return await run(request, Call(name, partial(_serve, request, path, body, name)))
+
+
+async def _serve(request: Request, path: str, body: dict[str, object], name: str,
+                 model: ResolvedModel) -> Response:
+    """The local step: capabilities, then the cleaned body to the child's own route."""
+    services: Services = request.app.state.services
     if path == "/v1/responses":  # counting input tokens generates nothing: any model may count
         have = services.store.info(model.stored).capabilities
         refusal = capability_error(name, "chat", responses_needs(body), have)
         if refusal is not None:
             return bad_request(refusal)
     exchange = await unless_disconnected(request, services.gateway.open(model, path, orjson.dumps(body)))
-    return await relay(request, exchange, stream=body.get("stream") is True, error_event=_error_event,
-                       requested=name)
-
-
-def _error_event(exc: LlmmanError) -> bytes:
-    """A mid-stream failure as a Responses ``event: error``."""
-    return sse({"type": "error", "code": exc.code, "message": exc.message, "param": None}, event="error")
+    return await passthrough(request, exchange, stream=body.get("stream") is True, dialect=Dialect.RESPONSES,
+                             requested=name)

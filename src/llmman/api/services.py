@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmman.cluster.peers import Peers
+from llmman.cluster.router import Router
 from llmman.config.settings import Settings
 from llmman.gateway import Gateway
 from llmman.registry.puller import Puller
@@ -14,11 +15,17 @@ from llmman.store import Store
 
 @dataclass(frozen=True)
 class Services:
-    """Everything the route handlers need: settings, the store, the scheduler and the gateway."""
+    """Everything the route handlers need: settings, the store, the scheduler, the gateway and the router
+    (built from the others)."""
 
     settings: Settings
     store: Store
     scheduler: Scheduler
     gateway: Gateway
-    puller: Puller | None = None  # pulls and pushes (issue 3); None in tests that need no registry
-    peers: Peers | None = None  # the aggregation (issue 5); None or empty = a node on its own
+    puller: Puller | None = None  # pulls and pushes; None in tests that need no registry
+    peers: Peers | None = None  # the aggregation; None or empty = a node on its own
+    router: Router = field(init=False)  # where each request runs, over the others
+
+    def __post_init__(self) -> None:
+        router = Router(self.peers, self.scheduler, self.store, self.settings.host, self.settings.aliases)
+        object.__setattr__(self, "router", router)

@@ -1,15 +1,13 @@
 """Copying a model from a peer's ``/v2/`` registry instead of the internet.
 
-The daemon's request path sets :data:`PULL_SOURCE` (a context variable, so it follows the one
-request) when placement chose this node and a peer stores the model, or when a forwarded request
-names a source in ``x-llmman-source``; :func:`copy_from_peer` is what the gateway then calls before
-falling back to the model's own registry.
+When the router (:mod:`.router`) serves a request here and a peer stores the model, or a forwarded
+request names a source in ``x-llmman-source``, its decision carries a :class:`PullSource`; the gateway's
+``ensure`` then calls :func:`copy_from_peer` before falling back to the model's own registry.
 """
 
 from __future__ import annotations
 
 import logging
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 from llmman.config.table import HostAddress
@@ -30,9 +28,6 @@ class PullSource:
     address: HostAddress
     api_key: str = ""
     digest: str = ""
-
-
-PULL_SOURCE: ContextVar[PullSource | None] = ContextVar("llmman_pull_source", default=None)
 
 
 class _PeerRegistry(RegistryClient):

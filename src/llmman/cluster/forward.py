@@ -2,8 +2,8 @@
 
 The client's own credentials never travel (the peer key does, see :class:`Peers.headers`), nor do
 hop-by-hop headers. :func:`open_forward` returns once the peer's status line arrived, so a failure
-before that can still be retried on the next candidate; :func:`in_band_error` is what a client gets
-when a peer fails after the first byte, in the dialect of the path it called.
+before that can still be retried on the next candidate (api/inference.py); a failure after it ends
+the stream with the dialect's in-band frame (api/relay.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import aiohttp
-import orjson
 
 from llmman.cluster.peers import PROBE_TIMEOUT_S, Peers
 from llmman.cluster.source import SOURCE, SOURCE_DIGEST
@@ -55,14 +54,3 @@ async def open_forward(peers: Peers, address: HostAddress, method: str, path_qs:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=PROBE_TIMEOUT_S, sock_read=read_timeout)
     return await peers.session.request(method, address.client_url() + path_qs, data=body, headers=headers,
                                        timeout=timeout, auto_decompress=False, allow_redirects=False)
-
-
-def in_band_error(path: str, message: str) -> bytes:
-    """A last chunk telling the client its stream broke, in the dialect of ``path``."""
-    if path.startswith("/v1/messages"):
-        doc = {"type": "error", "error": {"type": "api_error", "message": message}}
-        return b"event: error\ndata: " + orjson.dumps(doc) + b"\n\n"
-    if path.startswith("/v1/"):
-        err = {"error": {"message": message, "type": "server_error", "code": 502}}
-        return b"data: " + orjson.dumps(err) + b"\n\n"
-    return orjson.dumps({"error": message}) + b"\n"

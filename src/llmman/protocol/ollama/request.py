@@ -14,6 +14,7 @@ from typing import Literal
 
 import orjson
 
+from llmman.durations import parse_duration
 from llmman.errors import BadRequest
 from llmman.protocol.ollama.fields import (
     RunnerOptions,
@@ -69,6 +70,17 @@ class UpstreamRequest:
     is_load: bool
     think: bool | str | None
     ignored_options: tuple[str, ...] = field(default=())
+
+    @property
+    def keep_alive_s(self) -> float | None:
+        """``keep_alive`` in seconds (None: absent; negative: forever). Raises BadRequest when malformed."""
+        return None if self.keep_alive is None else parse_duration(self.keep_alive)
+
+    @property
+    def unloads(self) -> bool:
+        """Ollama's unload: nothing to generate and a zero ``keep_alive`` in any spelling (``0``, ``"0"``,
+        ``"0s"``, ``"0m"``, ``"0h"``, ``"0ms"``, ``0.0``). Raises BadRequest for a malformed value."""
+        return self.is_load and self.keep_alive_s == 0
 
 
 def image_url(b64: str) -> str:

@@ -1,0 +1,133 @@
+"""Relaying an answer to the client: a child's stream through a transducer, or a peer's bytes as they are.
+
+:func:`passthrough` is the answer of the OpenAI-shaped routes, which relay the child's own answer.
+
+:func:`stream_answer` is the one loop every streamed local answer runs in: the child's chunks go through
+the dialect's :class:`~llmman.protocol.transducer.Transducer`; a break (:class:`LlmmanError`, e.g. the
+child died mid-answer) ends the stream with the transducer's in-band frame, anything unexpected with
+the same frame saying ``internal server error`` (logged, never a traceback to the client); the lease
+and the connection are released in ``finally``.
+
+:class:`PeerAnswer` streams a peer's answer back unchanged as it comes; a peer that fails or stalls
+mid-answer gets one in-band frame in the dialect of the route, and a client that goes away closes the
+upstream connection, which cancels the work on the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import aiohttp
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from llmman.api.cancel import unless_disconnected
+from llmman.cluster.forward import RESPONSE_DROP
+from llmman.errors import LlmmanError
+from llmman.gateway import UpstreamExchange
+from llmman.protocol.errors import Dialect
+from llmman.protocol.model_echo import ModelEcho
+from llmman.protocol.openai.shapes import remap_upstream_error
+from llmman.protocol.transducer import Passthrough, Transducer
+
+log = logging.getLogger("llmman.api.relay")
+
+
+def stream_answer(exchange: UpstreamExchange, transducer: Transducer, *, media_type: str | None = None,
+                  headers: Mapping[str, str] | None = None) -> StreamingResponse:
+    """A 200 streaming response of ``exchange``'s body through ``transducer``."""
+    return StreamingResponse(_relay(exchange, transducer), status_code=200, media_type=media_type,
+                             headers=headers)
+
+
+async def _relay(exchange: UpstreamExchange, transducer: Transducer) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in exchange.chunks():
+            out = transducer.feed(chunk)
+            if out:
+                yield out
+        tail = transducer.close()
+        if tail:
+            yield tail
+    except LlmmanError as exc:
+        log.warning("stream for %s ended with an error: %s", exchange.lease.reference, exc.message)
+        yield transducer.error(exc)
+    except Exception as exc:  # an in-band error rather than a torn stream, never a traceback
+        log.exception("stream for %s failed", exchange.lease.reference, exc_info=exc)
+        yield transducer.error(LlmmanError("internal server error"))
+    finally:
+        exchange.close()
+
+
+class PeerAnswer(Response):
+    """A peer's answer, streamed to the client as it comes (an ASGI response).
+
+    Args:
+        response: the peer's open response (status line received).
+        frame: the in-band error frame for a message, in the route's dialect.
+        broke: called with why, when the peer failed or stalled after its first byte.
+        name: the peer's name, for the in-band message.
+    """
+
+    def __init__(self, response: aiohttp.ClientResponse, frame: Callable[[str], bytes],
+                 broke: Callable[[str], None], name: str) -> None:
+        self._upstream = response
+        self._frame = frame
+        self._broke = broke
+        self._name = name
+        self.status_code = response.status
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pump = asyncio.ensure_future(self._pump(send))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (pump, watch):
+                task.cancel()
+            await asyncio.gather(pump, watch, return_exceptions=True)
+            # An answer read to its end has already given its keep-alive connection back to the pool
+            # (aiohttp does at EOF), so this only closes a connection cut short, cancelling the peer's work.
+            self._upstream.close()
+
+    async def _pump(self, send: Send) -> None:
+        upstream = self._upstream
+        headers = [(k, v) for k, v in upstream.raw_headers
+                   if k.decode("latin-1").lower() not in RESPONSE_DROP]
+        await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+        try:
+            async for chunk in upstream.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            what = "stalled" if isinstance(exc, TimeoutError) else "failed"  # timeout: no byte for too long
+            self._broke(f"{what} mid-answer: {exc or type(exc).__name__}")
+            frame = self._frame(f"peer {self._name} {what} mid-answer")
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def passthrough(request: Request, exchange: UpstreamExchange, *, stream: bool, dialect: Dialect,
+                      requested: str) -> Response:
+    """A child's own answer, relayed unchanged (OpenAI chat and text completions, Responses): streamed as
+    it comes when the client asked for a stream and the child answered 200, else read whole (abandoned
+    if the client goes away). Before the first byte the child's real status goes to the client, except
+    that a 500 which is really a bad request becomes a 400 (:func:`remap_upstream_error`). The one change
+    to the bytes: the child's ``"model":"<alias>"`` (the lease's reference, its ``-a``) becomes
+    ``requested``, the name the client sent, as Ollama echoes the request's model."""
+    echo = ModelEcho.between(exchange.lease.reference, requested)
+    if stream and exchange.status == 200:
+        return stream_answer(exchange, Passthrough(dialect, echo), headers=exchange.headers)
+    data = await unless_disconnected(request, exchange.read())
+    if echo is not None:
+        data = echo.feed(data) + echo.flush()
+    status, data = remap_upstream_error(exchange.status, data)
+    return Response(data, status_code=status, headers=exchange.headers)
