@@ -8,25 +8,17 @@ import math
 from collections.abc import Callable
 
 import pytest
+from tests.fakes.runner import StubRunner
 
 from llmman.errors import LlmmanError, RunnerError
 from llmman.sched.scheduler import ModelPlan, Runner, Scheduler
 
 
-class FakeRunner:
-    """Stands for a ready llama-server child."""
+class FakeRunner(StubRunner):
+    """Stands for a ready llama-server child (the n-th the launcher started)."""
 
     def __init__(self, n: int, on_exit: Callable[[Runner], None]) -> None:
-        self.base_url = f"http://127.0.0.1:{9000 + n}"
-        self.pid: int | None = 1000 + n
-        self.on_exit = on_exit
-        self.stopped = asyncio.Event()
-
-    async def stop(self, grace: float = 10.0) -> None:
-        self.stopped.set()
-
-    def crash(self) -> None:
-        self.on_exit(self)
+        super().__init__(f"http://127.0.0.1:{9000 + n}", 1000 + n, on_exit)
 
 
 class FakeLauncher:

@@ -8,20 +8,16 @@ import itertools
 from collections.abc import Callable
 
 import pytest
+from tests.fakes.runner import StubRunner
 
 from llmman.sched.scheduler import ModelPlan, Runner, Scheduler
 
 pytestmark = pytest.mark.timeout(30)
 
 
-class GatedRunner:
+class GatedRunner(StubRunner):
     def __init__(self) -> None:
-        self.base_url = "http://127.0.0.1:9"
-        self.pid: int | None = 4242
-        self.stopped = asyncio.Event()
-
-    async def stop(self, grace: float = 10.0) -> None:
-        self.stopped.set()
+        super().__init__("http://127.0.0.1:9", 4242)
 
 
 class GatedLauncher:

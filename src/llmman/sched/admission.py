@@ -28,7 +28,7 @@ class Admission:
     """The memory and count limits of one node, and the admissions waiting on them.
 
     Args:
-        capacity: bytes models may take on this node (llmman.gpu.NodeMemory.capacity); 0 = no limit.
+        capacity: bytes models may take on this node (llmman.sched.gpu.NodeMemory.capacity); 0 = no limit.
         max_loaded: most models loaded at once; 0 = no limit but memory.
     """
 

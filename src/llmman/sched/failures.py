@@ -1,6 +1,6 @@
 """The scheduler's memory of failures: cool-downs, restarts and the breaker (rules in llmman.sched.healing).
 
-:class:`Healer` keeps one :class:`~llmman.healing.Failure` per table key, refuses requests for a model
+:class:`Healer` keeps one :class:`~llmman.sched.healing.Failure` per table key, refuses requests for a model
 that is cooling down (503 with ``Retry-After`` instead of a child per request), logs each failure with
 its classified cause, and runs the delayed restarts the scheduler asks for.
 """

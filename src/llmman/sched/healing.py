@@ -1,7 +1,7 @@
 """Self-healing policy: cool-downs after failed loads, restart backoff, and the crash breaker.
 
-Pure decisions, no I/O; the scheduler calls them (scheduler_healing.py) and the tests drive them with
-a fake clock (tests/unit/test_healing.py). Times are monotonic seconds.
+Pure decisions, no I/O; the scheduler calls them (llmman.sched.scheduler, llmman.sched.failures) and the
+tests drive them with a fake clock (tests/unit/test_healing.py). Times are monotonic seconds.
 
 Rules (issue 4 item 6; llama-swap and Ollama both leave a crashing model to be respawned by every
 request, which is what these rules prevent):

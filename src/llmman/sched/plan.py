@@ -7,24 +7,71 @@ scheduler needs of that child.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from llmman.runner.crash import Cause
 
 MAX_KEEP_ALIVE = 292 * 365.25 * 86400.0
 """Seconds; a longer keep_alive means forever (Go's largest duration, where Ollama's ends too)."""
 
 
 class Runner(Protocol):
-    """What the scheduler needs of a started llama-server child (runner.process.LlamaServerProcess)."""
+    """What the scheduler and the gateway need of a started llama-server child
+    (runner.process.LlamaServerProcess; the fakes in tests implement all of it too)."""
 
     @property
-    def base_url(self) -> str: ...
+    def base_url(self) -> str:
+        """``http://HOST:PORT`` of the child."""
+        ...
 
     @property
-    def pid(self) -> int | None: ...
+    def pid(self) -> int | None:
+        """The child's process id (``/api/ps``), None when there is no process."""
+        ...
 
-    async def stop(self, grace: float = 10.0) -> None: ...
+    @property
+    def exited(self) -> asyncio.Event:
+        """Set once the child has exited and been reaped (the gateway waits on it before a retry)."""
+        ...
+
+    @property
+    def exit_cause(self) -> Cause | None:
+        """Why the child died on its own (runner.crash), else None."""
+        ...
+
+    @property
+    def exit_detail(self) -> str | None:
+        """A fuller cause where one is known (``hung (no /health answer for 31 s)``), else None."""
+        ...
+
+    @property
+    def log_lines(self) -> list[str]:
+        """The recent output lines it keeps, oldest first (read for llama-server's buffer sizes)."""
+        ...
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        """The last ``n`` output lines, oldest first (quoted in a crash's failure message)."""
+        ...
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, up to ``grace`` seconds, then SIGKILL; idempotent; ``on_exit`` is not called."""
+        ...
+
+
+class ChildKey(NamedTuple):
+    """What makes two plans one child (:attr:`ModelPlan.child`): the GGUF file and the child options."""
+
+    model_path: str
+    mmproj_path: str | None
+    embedding: bool
+    pooling: str | None
+    n_parallel: int
+    n_gpu_layers: int | None
+    devices: str | None
+    extra_args: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -38,8 +85,7 @@ class ModelPlan:
         n_ctx: context per slot in tokens, already clamped to the model's trained context.
         model_path: the file for llama-server's ``-m`` (first shard of a split GGUF).
         mmproj_path: the multimodal projector for ``--mmproj``, or None.
-        details: Ollama ``details`` object for listings (family, parameter_size, quantization_level).
-        estimate: predicted memory in bytes (llmman.memory.estimate), 0 = unknown (admitted freely).
+        estimate: predicted memory in bytes (llmman.sched.memory.estimate), 0 = unknown (admitted freely).
         n_parallel: slots (``-np``); requests beyond them wait inside llama-server and count as queued.
         embedding: start the child with ``--embeddings`` (its own child, beside a chat child of the model).
         pooling: ``--pooling`` for an embedding child (``mean`` for chat models whose GGUF has none), or None.
@@ -54,7 +100,6 @@ class ModelPlan:
     n_ctx: int
     model_path: str = ""
     mmproj_path: str | None = None
-    details: dict[str, object] = field(default_factory=dict)
     estimate: int = 0
     n_parallel: int = 1
     embedding: bool = False
@@ -69,15 +114,15 @@ class ModelPlan:
         return self.reference + "#embedding" if self.embedding else self.reference
 
     @property
-    def child(self) -> tuple[object, ...] | None:
+    def child(self) -> ChildKey | None:
         """What makes two plans one child: the same GGUF file and the same child options (not the
         context: a loaded context at least as large is reused, see Scheduler.acquire). Store paths are
         content-addressed blobs, so a copy (``llmman cp``) or a second tag of a model shares its child,
         as Ollama keys its runners by model path. None when the file is unknown (never shared)."""
         if not self.model_path:
             return None
-        return (self.model_path, self.mmproj_path, self.embedding, self.pooling, self.n_parallel,
-                self.n_gpu_layers, self.devices, self.extra_args)
+        return ChildKey(self.model_path, self.mmproj_path, self.embedding, self.pooling, self.n_parallel,
+                        self.n_gpu_layers, self.devices, self.extra_args)
 
 
 Launcher = Callable[[ModelPlan, Callable[[Runner], None]], Awaitable[Runner]]

@@ -3,8 +3,8 @@
 The scheduler owns the table of loaded models. A request asks for a model with
 :meth:`Scheduler.acquire` and gets a :class:`Lease` (the model's llama-server base URL); while any
 lease is held the model is never unloaded. When the last lease is released the model's
-``keep_alive`` timer starts (Ollama's rule, reference/ollama.md §1.7): 0 unloads at once, a
-negative value (``math.inf`` here) keeps it forever, anything else expires after that many seconds.
+``keep_alive`` timer starts (Ollama's rule): 0 unloads at once, a negative value (``math.inf`` here)
+keeps it forever, anything else expires after that many seconds.
 
 Loading is single-flight per model (one ``llama-server`` start however many requests wait for it)
 and never blocks other models: each model has its own load task, the table itself is only touched
@@ -15,7 +15,7 @@ model path: a copy or second tag of a loaded model is served by the loaded child
 keeps the name that loaded it (``/api/ps`` shows that one entry, as Ollama does); unloading either
 name unloads the child.
 
-Memory-aware admission is :class:`llmman.scheduler_admission.Admission`'s: a model loads once it
+Memory-aware admission is :class:`llmman.sched.admission.Admission`'s: a model loads once it
 fits beside the others, idle ones being unloaded and busy ones drained to make room. Requests
 that would wait (for a load, or for a slot beyond ``n_parallel``) are bounded by ``max_queue``:
 past it, Ollama's 503 ``server busy`` with ``Retry-After``.
@@ -41,7 +41,7 @@ from llmman.sched import healing
 from llmman.sched.admission import Admission
 from llmman.sched.failures import Healer
 from llmman.sched.memory import parse_buffers
-from llmman.sched.plan import MAX_KEEP_ALIVE, Launcher, ModelPlan, Runner
+from llmman.sched.plan import MAX_KEEP_ALIVE, ChildKey, Launcher, ModelPlan, Runner
 from llmman.sched.table import Lease, LoadedModel, LoadedSnapshot, snapshot_of
 from llmman.sizes import format_bytes
 
@@ -56,10 +56,10 @@ class Scheduler:
         default_keep_alive: seconds (``math.inf`` = forever), from ``server.keep_alive``.
         stop_grace: seconds between SIGTERM and SIGKILL when stopping a child.
         clock: wall clock in unix seconds (injected for tests).
-        capacity: bytes models may take on this node (llmman.gpu.NodeMemory.capacity); 0 = no limit.
+        capacity: bytes models may take on this node (llmman.sched.gpu.NodeMemory.capacity); 0 = no limit.
         max_loaded: most models loaded at once; 0 = no limit but memory.
         max_queue: most requests waiting (for a load or a slot) before 503; 0 = no limit.
-        heal_base: seconds of the first cool-down / restart delay (llmman.healing.BASE_S).
+        heal_base: seconds of the first cool-down / restart delay (llmman.sched.healing.BASE_S).
     """
 
     def __init__(
@@ -148,7 +148,7 @@ class Scheduler:
                 continue
             return Lease(self._release, entry, runner, time.monotonic() - started)
 
-    def _lookup(self, key: str, child: tuple[object, ...] | None = None) -> LoadedModel | None:
+    def _lookup(self, key: str, child: ChildKey | None = None) -> LoadedModel | None:
         """The entry for table key ``key``: its own, else one already serving it, else (with ``child``,
         ModelPlan.child) one that runs the same file with the same options."""
         entry = self._table.get(key)
@@ -185,8 +185,7 @@ class Scheduler:
             self._admission.notify()
             raise
         self.healer.loaded(entry.plan.key)
-        lines = getattr(runner, "log_lines", None)
-        usage = parse_buffers(lines) if isinstance(lines, list) else None
+        usage = parse_buffers(runner.log_lines)
         if usage is not None:
             entry.usage_host, entry.usage_device = usage.host, usage.device
             log.info("%s uses %s (estimated %s)", entry.plan.reference, format_bytes(usage.total),
@@ -255,12 +254,10 @@ class Scheduler:
         self._admission.notify()
         if self._closed:
             return
-        detail = getattr(runner, "exit_detail", None)  # e.g. "hung (no /health answer for 31 s)"
-        cause = str(detail or getattr(getattr(runner, "exit_cause", None), "value", "unknown"))
-        tail = getattr(runner, "log_tail", None)
-        message = "\n".join(tail(5)) if callable(tail) else "exited"
-        failure = self.healer.crashed(entry.plan.key, cause=cause,
-                                      message=message, uptime=self._clock() - entry.started_at)
+        classified = runner.exit_cause.value if runner.exit_cause is not None else "unknown"
+        cause = runner.exit_detail or classified  # the fuller one where known: "hung (no /health answer ...)"
+        failure = self.healer.crashed(entry.plan.key, cause=cause, message="\n".join(runner.log_tail(5)),
+                                      uptime=self._clock() - entry.started_at)
         pinned, busy = math.isinf(entry.keep_alive), entry.refcount > 0
         if healing.should_restart(failure, pinned=pinned, busy=busy):
             self._restart_later(entry.plan, entry.keep_alive, self.healer.delay(failure))
@@ -336,7 +333,7 @@ class Scheduler:
     # -- views and shutdown -------------------------------------------------------------------
 
     def snapshot(self) -> list[LoadedSnapshot]:
-        """The loaded (and loading) models, for ``/api/ps`` (scheduler_table.snapshot_of)."""
+        """The loaded (and loading) models, for ``/api/ps`` (llmman.sched.table.snapshot_of)."""
         now = self._clock()
         return [snapshot_of(entry, now) for entry in self._table.values()]
 

@@ -1,6 +1,6 @@
 """The entries of the scheduler's table of loaded models, the views of them, and the leases on them.
 
-:class:`LoadedModel` is one mutable entry (owned by llmman.scheduler.Scheduler); :class:`LoadedSnapshot`
+:class:`LoadedModel` is one mutable entry (owned by llmman.sched.scheduler.Scheduler); :class:`LoadedSnapshot`
 is its read-only view for ``/api/ps``, ``llmman ps`` and ``/llmman/node`` (:func:`snapshot_of`);
 a :class:`Lease` is one request's hold on an entry.
 """
@@ -58,7 +58,6 @@ class LoadedSnapshot:
     digest: str
     size: int
     n_ctx: int
-    details: dict[str, object]
     started_at: float
     expires_at: float | None
     refcount: int
@@ -117,7 +116,6 @@ def snapshot_of(entry: LoadedModel, now: float) -> LoadedSnapshot:
         digest=entry.plan.digest,
         size=entry.plan.size,
         n_ctx=entry.plan.n_ctx,
-        details=entry.plan.details,
         started_at=entry.started_at or now,
         expires_at=expires,
         refcount=entry.refcount,
