@@ -134,7 +134,7 @@ class Gateway:
         self.puller: Puller | None = None  # set by the daemon: models missing from the store are pulled
 
     def resolve(self, name: str) -> ResolvedModel:
-        """Find ``name`` in the store (reference rules of SPEC B).
+        """Find ``name`` in the store (the reference rules of :mod:`llmman.refs`).
 
         Raises:
             ModelNotFound: 404 ``model '<name>' not found``, also for names that do not parse.

@@ -1,6 +1,6 @@
 """Where a request for a model not loaded on this node goes: a pure function of node snapshots.
 
-The rules (SPEC G, the aggregation write-up):
+The rules (docs/aggregation.md):
 
 1. a node that has the model **loaded** — never a second copy;
 2. else, of the nodes the model **fits** on (free = memory minus what is loaded), one that has it

@@ -10,7 +10,7 @@ gets back; this module owns every rule of that choice, and only here is it made:
 * a node without peers, a model already loaded here, or a name that does not parse: served here;
 * ``/api/show`` (:attr:`Intent.SHOW`) goes to a node storing the model; an unload (``keep_alive`` 0
   with nothing to generate, :attr:`Intent.UNLOAD`) to the node that has it loaded;
-* anything else is ranked by the seed's three rules (:func:`.placement.rank`: loaded, else fits and
+* anything else is ranked by the three rules of docs/aggregation.md (:func:`.placement.rank`: loaded, else fits and
   stored, else the most room); a peer seen with the model loaded moments ago is tried without a new
   probe (:mod:`.recent`);
 * when the chosen node lacks the model and another node stores it, the copy source goes with the
@@ -141,7 +141,8 @@ class Router:
                   {n.name: f"{n.free}/{n.memory}" for n in nodes})
         if intent is Intent.INFER and candidates[0].has_loaded(ref) and not candidates[0].is_local:
             peers.recent.put(ref, self._address(candidates[0]))
-        storer = next((n for n in nodes if n.has_stored(ref)), None)
+        # Only a request that will load the model copies it (an unload or a show only looks).
+        storer = next((n for n in nodes if n.has_stored(ref)), None) if intent is Intent.INFER else None
         targets: list[Target] = []
         for node in candidates:
             if node.is_local:
