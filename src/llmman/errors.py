@@ -83,6 +83,22 @@ class ServiceUnavailable(LlmmanError):
     code = "unavailable"
 
 
+class ShuttingDown(ServiceUnavailable):
+    """The daemon is draining for exit: no new loads or leases (HTTP 503)."""
+
+    code = "shutting_down"
+
+    def __init__(self) -> None:
+        super().__init__("llmman is shutting down")
+
+
+class NotImplementedHere(LlmmanError):
+    """A feature llmman does not offer (HTTP 501), e.g. ``/api/create`` with a Go ``template``."""
+
+    status = 501
+    code = "not_implemented"
+
+
 class ServerBusy(ServiceUnavailable):
     """The wait queue is full: Ollama's exact text, two spaces after the full stop."""
 

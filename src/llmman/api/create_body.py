@@ -16,7 +16,7 @@ not quantize (use a GGUF already quantized).
 
 from __future__ import annotations
 
-from llmman.errors import BadRequest, LlmmanError
+from llmman.errors import BadRequest, NotImplementedHere
 from llmman.protocol.ollama.fields import options_to_sampling, runner_options, unknown_options
 
 UNSUPPORTED = {
@@ -65,5 +65,4 @@ def check_create_body(body: dict[str, object]) -> None:
         runner_options(parameters)
     for key, why in UNSUPPORTED.items():
         if body.get(key):
-            raise LlmmanError(f"'{key}' in /api/create is not supported by llmman: {why}",
-                              status=501, code="not_implemented")
+            raise NotImplementedHere(f"'{key}' in /api/create is not supported by llmman: {why}")

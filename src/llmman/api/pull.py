@@ -29,7 +29,7 @@ from starlette.responses import Response, StreamingResponse
 from llmman.api.create_body import check_create_body
 from llmman.api.ollama_infer import NDJSON, json_response
 from llmman.api.services import Services
-from llmman.errors import BadRequest, LlmmanError, ModelNotFound, NotFound
+from llmman.errors import BadRequest, LlmmanError, ModelNotFound, NotFound, NotImplementedHere
 from llmman.protocol.ollama.fields import parse_json_body
 from llmman.refs import parse_reference
 from llmman.registry.puller import Emit, Puller
@@ -47,7 +47,7 @@ _END = object()
 
 def _puller(services: Services) -> Puller:
     if services.puller is None:
-        raise LlmmanError("this server cannot pull or push (no registry client configured)", status=501)
+        raise NotImplementedHere("this server cannot pull or push (no registry client configured)")
     return services.puller
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from llmman.cli.client import DaemonClient, DaemonUnreachable, client_for
-from llmman.errors import ConfigError, LlmmanError
+from llmman.errors import ConfigError, LlmmanError, NotFound
 
 if TYPE_CHECKING:
     from llmman.config.settings import Settings
@@ -55,7 +55,7 @@ def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
             raise DaemonUnreachable(exc.url, _START_HINT) from None
         except LlmmanError as exc:
             if exc.status == 404:  # Ollama's wording (cmd/cmd.go StopHandler)
-                raise LlmmanError(f'couldn\'t find model "{args.model}" to unload', status=404) from None
+                raise NotFound(f'couldn\'t find model "{args.model}" to unload') from None
             raise
     return 0
 

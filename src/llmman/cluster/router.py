@@ -10,9 +10,9 @@ gets back; this module owns every rule of that choice, and only here is it made:
 * a node without peers, a model already loaded here, or a name that does not parse: served here;
 * ``/api/show`` (:attr:`Intent.SHOW`) goes to a node storing the model; an unload (``keep_alive`` 0
   with nothing to generate, :attr:`Intent.UNLOAD`) to the node that has it loaded;
-* anything else is ranked by the three rules of docs/aggregation.md (:func:`.placement.rank`: loaded, else fits and
-  stored, else the most room); a peer seen with the model loaded moments ago is tried without a new
-  probe (:mod:`.recent`);
+* anything else is ranked by the three rules of docs/aggregation.md (:func:`.placement.rank`: loaded,
+  else fits and stored, else the most room); a peer seen with the model loaded moments ago is tried
+  without a new probe (:mod:`.recent`);
 * when the chosen node lacks the model and another node stores it, the copy source goes with the
   decision: :class:`Local` ``source`` for this node, :class:`Target` ``source`` (a header) for a peer.
 
