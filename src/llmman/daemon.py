@@ -29,7 +29,8 @@ from llmman.config.presets import device_env
 from llmman.config.settings import Settings
 from llmman.errors import LlmmanError
 from llmman.gateway import Gateway
-from llmman.registry.credentials import CredentialStore, default_credentials_path
+from llmman.registry.client import RegistryOptions
+from llmman.registry.credentials import CredentialStore
 from llmman.registry.puller import Puller
 from llmman.runner.argv import LaunchSpec, child_env
 from llmman.runner.binary import find_llama_server
@@ -117,7 +118,7 @@ def make_peers(settings: Settings) -> Peers:
     (``aggregation.api_key``, else the first of ``auth.api_keys``); ``https://`` peers are verified against
     the system CAs plus ``tls.ca_file``."""
     addresses = parse_peers(settings.peers, settings.host)
-    key = settings.api_key or next((k.strip() for k in settings.api_keys.split(",") if k.strip()), "")
+    key = settings.api_key or next(iter(settings.api_key_list), "")
     connector = aiohttp.TCPConnector(limit=0, ssl=client_context(settings.ca_file))
     session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
     if addresses:
@@ -137,7 +138,7 @@ async def _preload(gateway: Gateway, name: str) -> None:
 
 async def run_server(settings: Settings, preload: str | None = None) -> int:
     """Serve until a signal arrives; returns the process exit code."""
-    binary = find_llama_server(settings.llama_server, path_env=os.environ.get("PATH", ""))
+    binary = find_llama_server(settings.llama_server, path_env=settings.environment.path)
     store = Store(settings.models)
     node = node_memory(cap=settings.memory, reserve=settings.reserve)
     log.info("memory for models: %s (%s, %d device(s))", format_bytes(node.capacity), node.accelerator,
@@ -161,7 +162,8 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
     )
     gateway = Gateway(store, scheduler, session, context_length=settings.context_length,
                       aliases=settings.aliases, num_parallel=settings.num_parallel, presets=settings.presets)
-    puller = Puller(store, CredentialStore(default_credentials_path()), offline=settings.offline)
+    puller = Puller(store, CredentialStore.of(settings), offline=settings.offline,
+                    options=RegistryOptions.of(settings))  # insecure hosts, tls.ca_file, HF_ENDPOINT
     gateway.puller = puller  # models missing from the store are pulled on first use
     app = build_app(Services(settings=settings, store=store, scheduler=scheduler, gateway=gateway,
                              puller=puller, peers=peers))
@@ -213,12 +215,10 @@ def serve(settings: Settings, preload: str | None = None) -> int:
         LlmmanError: no llama-server binary could be found (before binding).
     """
     _configure_logging(settings.debug)
-    if not settings.host.is_loopback() and not settings.api_keys.strip() and settings.enforce:
+    if not settings.host.is_loopback() and not settings.api_key_list and settings.enforce:
         raise LlmmanError(f"refusing to serve on {settings.host} without API keys: set auth.api_keys "
                           "(LLMMAN_API_KEYS), or LLMMAN_AUTH=off on a network you trust")
     check_server_tls(settings.host.scheme, settings.cert_file, settings.key_file)
-    if settings.ca_file and not os.environ.get("LLMMAN_TLS_CA"):
-        os.environ["LLMMAN_TLS_CA"] = settings.ca_file  # registry pulls and peer copies read it there
     try:
         import uvloop
 

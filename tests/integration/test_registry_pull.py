@@ -20,7 +20,7 @@ import pytest
 from llmman.errors import LlmmanError, StoreError
 from llmman.refs import parse_reference
 from llmman.registry import download, splice
-from llmman.registry.client import RegistryAuthError, RegistryNotFound
+from llmman.registry.client import RegistryAuthError, RegistryNotFound, RegistryOptions
 from llmman.registry.credentials import Credential, CredentialStore
 from llmman.registry.puller import Puller
 from llmman.registry.push import push
@@ -212,24 +212,23 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     reg.stop()
 
 
-def test_tls_and_basic_auth(tmp_path: Path, secure: Registry, model_file: Path,
-                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tls_and_basic_auth(tmp_path: Path, secure: Registry, model_file: Path) -> None:
     assert secure.ca is not None
-    monkeypatch.setenv("LLMMAN_TLS_CA", str(secure.ca))
+    trusted = RegistryOptions(ca_file=str(secure.ca))  # tls.ca_file, as the daemon and the CLI pass it
     creds = CredentialStore(tmp_path / "auth.json", docker_config=tmp_path / "docker.json")
     creds.save(secure.host, Credential(USER, PASSWORD))
     src = Store(tmp_path / "src")
     ref = parse_reference(f"{secure.host}/ai/smollm2:tls")
     digest = src.build(ref, model_file).digest
-    push(src, ref, creds, lambda _: None)
-    assert Puller(Store(tmp_path / "dst"), creds).pull(ref).digest == digest
+    push(src, ref, creds, lambda _: None, options=trusted)
+    assert Puller(Store(tmp_path / "dst"), creds, options=trusted).pull(ref).digest == digest
 
     bad = CredentialStore(tmp_path / "bad.json", docker_config=tmp_path / "docker.json")
     bad.save(secure.host, Credential(USER, "wrong"))
     with pytest.raises(RegistryAuthError, match="401"):
-        Puller(Store(tmp_path / "dst2"), bad).pull(ref)
+        Puller(Store(tmp_path / "dst2"), bad, options=trusted).pull(ref)
     with pytest.raises(RegistryAuthError, match="authentication required"):
-        Puller(Store(tmp_path / "dst3"), None).pull(ref)
+        Puller(Store(tmp_path / "dst3"), None, options=trusted).pull(ref)
 
 
 def test_tls_without_the_ca_fails_clearly(tmp_path: Path, secure: Registry) -> None:

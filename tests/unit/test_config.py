@@ -152,6 +152,8 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_TLS_CERT": "/c.pem",
         "LLMMAN_TLS_KEY": "/k.pem",
         "LLMMAN_TLS_CA": "/ca.pem",
+        "LLMMAN_INSECURE_REGISTRIES": "reg.lan:5000, Other.lan",
+        "LLMMAN_AUTH_FILE": "/creds/auth.json",
     }
     s = load(files, env)
     assert s.host == HostAddress("https", "example.com", 443)
@@ -166,6 +168,8 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
     assert s.allowed_origins == "chrome-extension://*"
     assert (s.peers, s.api_key, s.api_keys, s.enforce) == ("", "pk", "k1,k2", False)
     assert (s.cert_file, s.key_file, s.ca_file) == ("/c.pem", "/k.pem", "/ca.pem")
+    assert s.insecure_registries == ("reg.lan:5000", "Other.lan")
+    assert s.auth_file == Path("/creds/auth.json")
     assert {origin for key, origin in s.origins.items()} == {f"env {spec.env}" for spec in SETTINGS}
 
 
@@ -191,6 +195,8 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         ("[server]\nkeep_alive = true\n", "unsupported type 'bool'"),
         ("[server]\nmodels = ''\n", "server.models: expected a path"),
         ("[server]\nllama_server = ['a']\n", "server.llama_server: expected a string, got an array"),
+        ("[registry]\ninsecure_registries = 5\n", "registry.insecure_registries: expected a comma-separated"),
+        ("[registry]\ninsecure_registries = ['a', 1]\n", "or an array of strings, got an array"),
         ("[aliases]\ng = 3\n", "alias 'g'"),
         ("[aliases]\ng = 'two words'\n", "alias 'g'"),
         ("server = 1\n", "'server' must be a table"),
@@ -485,3 +491,63 @@ def test_parse_bool(text: str, value: bool) -> None:
 def test_parse_bool_rejects() -> None:
     with pytest.raises(ValueError):
         parse_bool("maybe")
+
+
+# --- lists, paths and other tools' variables ----------------------------------------------------------
+
+
+def test_list_settings_are_parsed_once_into_tuples(files: tuple[Path, Path]) -> None:
+    assert load(files).insecure_registries == ()
+    s = load(files, {"LLMMAN_INSECURE_REGISTRIES": " a:5000 ,, b "})
+    assert (s.insecure_registries, s.origins["registry.insecure_registries"]) == (
+        ("a:5000", "b"), "env LLMMAN_INSECURE_REGISTRIES")
+    write(files[1], '[registry]\ninsecure_registries = ["x:1", "y:2, z:3"]\n')
+    assert load(files).insecure_registries == ("x:1", "y:2", "z:3")
+    write(files[1], '[registry]\ninsecure_registries = "x:1,y:2"\n')
+    assert load(files).insecure_registries == ("x:1", "y:2")
+    assert load(files, registry__insecure_registries="f:1").insecure_registries == ("f:1",)
+    assert config_get(load(files), "registry.insecure_registries") == "x:1,y:2"
+
+
+def test_comma_string_settings_have_parsed_views(files: tuple[Path, Path]) -> None:
+    env = {"LLMMAN_API_KEYS": " k1, ,k2 ", "LLMMAN_ORIGINS": "a://*, b://x", "LLMMAN_PEERS": "n1,n2:1"}
+    s = load(files, env)
+    assert s.api_key_list == ("k1", "k2")
+    assert s.origin_list == ("a://*", "b://x")
+    assert s.peer_list == ("n1", "n2:1")
+    assert load(files, {"LLMMAN_API_KEYS": " , "}).api_key_list == ()
+
+
+def test_config_set_writes_a_list_as_an_array(tmp_path: Path) -> None:
+    path = tmp_path / "llmman.conf"
+    config_set("registry.insecure_registries", "a:1, b:2", path)
+    assert 'insecure_registries = ["a:1", "b:2"]' in path.read_text()
+    s = load_settings(env={}, system_file=tmp_path / "none", user_file=path)
+    assert s.insecure_registries == ("a:1", "b:2")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG config dir is the Linux layout")
+def test_auth_file_default_follows_the_user_config_dir(files: tuple[Path, Path], tmp_path: Path) -> None:
+    assert load(files).auth_file == tmp_path / ".config" / "llmman" / "auth.json"
+    s = load(files, {"HOME": "/nowhere", "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    assert (s.auth_file, s.origins["registry.auth_file"]) == (tmp_path / "cfg" / "llmman" / "auth.json",
+                                                              "default")
+    write(files[1], '[registry]\nauth_file = "~/creds.json"\n')
+    assert load(files).auth_file == Path("~/creds.json").expanduser()
+
+
+def test_other_tools_variables_are_read_with_the_settings(files: tuple[Path, Path]) -> None:
+    e = load(files, {"HOME": "/h"}).environment
+    assert e.path == "" and e.hf_endpoint == "https://huggingface.co"
+    assert e.hf_token_path == Path("/h/.cache/huggingface/token")
+    assert e.docker_config == Path("/h/.docker/config.json")
+
+    e = load(files, {"HOME": "/h", "PATH": "/bin:/usr/bin", "HF_ENDPOINT": "http://hub.lan:8080/",
+                     "HF_HOME": "/hf", "DOCKER_CONFIG": "~/dockercfg"}).environment
+    assert e.path == "/bin:/usr/bin" and e.hf_endpoint == "http://hub.lan:8080"
+    assert e.hf_token_path == Path("/hf/token")
+    assert e.docker_config == Path("/h/dockercfg/config.json")
+
+    e = load(files, {"HOME": "/h", "XDG_CACHE_HOME": "/cache", "HF_TOKEN_PATH": ""}).environment
+    assert e.hf_token_path == Path("/cache/huggingface/token")  # an empty variable counts as unset
+    assert load(files, {"HOME": "/h", "HF_TOKEN_PATH": "/t/tok"}).environment.hf_token_path == Path("/t/tok")

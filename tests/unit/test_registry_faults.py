@@ -17,7 +17,7 @@ import pytest
 from tests.fakes.inprocess import InProcessApp
 
 from llmman.refs import Reference, parse_reference
-from llmman.registry.client import RegistryUnavailable
+from llmman.registry.client import RegistryOptions, RegistryUnavailable
 from llmman.registry.huggingface import pull_huggingface
 from llmman.registry.puller import Emit, Puller
 from llmman.store import Store, StoredModel
@@ -26,8 +26,8 @@ from llmman.store import Store, StoredModel
 class RecordingPuller(Puller):
     """A real puller that records every reference it was asked to pull."""
 
-    def __init__(self, store: Store) -> None:
-        super().__init__(store)
+    def __init__(self, store: Store, options: RegistryOptions | None = None) -> None:
+        super().__init__(store, options=options)
         self.asked: list[str] = []
 
     def _pull(self, ref: Reference, emit: Emit, insecure: bool) -> StoredModel:
@@ -42,21 +42,21 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessApp]:
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
-    monkeypatch.setenv("LLMMAN_INSECURE_REGISTRIES", "")
-    with InProcessApp(tmp_path) as running:
-        puller = RecordingPuller(running.store)
+def app(tmp_path: Path) -> Iterator[InProcessApp]:
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{_free_port()}"}  # nothing listens there
+    with InProcessApp(tmp_path, env=env) as running:
+        assert running.settings.environment.hf_endpoint == env["HF_ENDPOINT"]
+        puller = RecordingPuller(running.store, RegistryOptions.of(running.settings))
         object.__setattr__(running.services, "puller", puller)
         running.services.gateway.puller = puller
         yield running
 
 
-def test_unreachable_hugging_face_is_a_registry_error_not_a_crash(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_free_port()}")
+def test_unreachable_hugging_face_is_a_registry_error_not_a_crash(tmp_path: Path) -> None:
+    endpoint = f"http://127.0.0.1:{_free_port()}"
     with pytest.raises(RegistryUnavailable, match=r"cannot reach http://127\.0\.0\.1"):
-        pull_huggingface(Store(tmp_path / "s"), parse_reference("hf.co/owner/repo"), lambda _line: None)
+        pull_huggingface(Store(tmp_path / "s"), parse_reference("hf.co/owner/repo"), lambda _line: None,
+                         endpoint=endpoint)
     assert not list((tmp_path / "s").rglob("*.tmp"))
 
 

@@ -13,9 +13,11 @@ import pytest
 from tests.fakes.fake_hf_hub import FakeHub
 from tests.unit.ggufgen import write_gguf
 
+from llmman.config.settings import Settings, load_settings
+from llmman.errors import ConfigError, LlmmanError
 from llmman.refs import parse_reference
 from llmman.registry import manifests
-from llmman.registry.client import RegistryError, RegistryNotFound
+from llmman.registry.client import RegistryClient, RegistryError, RegistryNotFound, RegistryOptions
 from llmman.registry.credentials import Credential, CredentialStore
 from llmman.registry.huggingface import select_files
 from llmman.registry.puller import Puller
@@ -73,20 +75,20 @@ def hub(tmp_path: Path) -> Iterator[FakeHub]:
 
 def test_huggingface_pull_through_fake_hub(tmp_path: Path, hub: FakeHub,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")  # huggingface_hub's own switch, read by it
     store = Store(tmp_path / "store")
+    puller = Puller(store, options=RegistryOptions(hf_endpoint=hub.url))
     lines: list[dict[str, Any]] = []
-    model = Puller(store).pull(parse_reference("hf.co/owner/tiny-GGUF"), lines.append)
+    model = puller.pull(parse_reference("hf.co/owner/tiny-GGUF"), lines.append)
     names = [layer["annotations"]["org.cncf.model.filepath"] for layer in model.manifest["layers"]]
     assert names == ["tiny-Q4_K_M.gguf", "mmproj-tiny-F16.gguf", "LICENSE"]
     assert model.manifest["artifactType"] == "application/vnd.cncf.model.manifest.v1+json"
     files = store.files(model)
     assert files.mmproj is not None and files.model.read_bytes()[:4] == b"GGUF"
     assert lines[-1] == {"status": "success"}
-    assert Puller(store).pull(parse_reference("hf.co/owner/tiny-GGUF:Q8_0")).reference.endswith(":Q8_0")
+    assert puller.pull(parse_reference("hf.co/owner/tiny-GGUF:Q8_0")).reference.endswith(":Q8_0")
     with pytest.raises(RegistryNotFound):
-        Puller(store).pull(parse_reference("hf.co/owner/absent"))
+        puller.pull(parse_reference("hf.co/owner/absent"))
 
 
 def test_range_decisions_follow_rfc_9110() -> None:
@@ -192,3 +194,68 @@ def test_create_with_empty_optional_fields_still_works(v2_app: Any) -> None:
     r = v2_app.request("POST", "/api/create", json=body)
     assert r.status_code == 200, r.text
     assert v2_app.store.find(parse_reference("made:2")) is not None
+
+
+def _settings(tmp_path: Path, env: dict[str, str]) -> Settings:
+    return load_settings(env={"HOME": str(tmp_path), **env}, system_file=tmp_path / "none",
+                         user_file=tmp_path / "none")
+
+
+def test_registry_options_come_from_the_settings_not_the_environment(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMMAN_INSECURE_REGISTRIES", "env-only.lan:5000")  # the process's: not read here
+    monkeypatch.setenv("LLMMAN_TLS_CA", str(tmp_path / "absent.pem"))
+    assert RegistryClient("env-only.lan:5000").base == "https://env-only.lan:5000"
+
+    settings = _settings(tmp_path, {"LLMMAN_INSECURE_REGISTRIES": "Reg.LAN:5000, other.lan",
+                                    "HF_ENDPOINT": "http://127.0.0.1:9/"})
+    options = RegistryOptions.of(settings)
+    assert options == RegistryOptions(("Reg.LAN:5000", "other.lan"), "", "http://127.0.0.1:9")
+    plain = RegistryClient("reg.lan:5000", options=options)
+    assert (plain.base, plain.tls) == ("http://reg.lan:5000", None)
+    secure = RegistryClient("third.lan", options=options)
+    assert secure.base == "https://third.lan" and secure.tls is not None
+    for client in (plain, secure):
+        client.close()
+
+
+def test_a_registry_client_trusts_the_configured_ca_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match="LLMMAN_TLS_CA="):
+        RegistryClient("reg.lan", options=RegistryOptions(ca_file=str(bad)))
+    client = RegistryClient("reg.lan")
+    client.trust("")  # nothing configured: nothing to load
+    with pytest.raises(ConfigError, match="LLMMAN_TLS_CA="):
+        client.trust(str(bad))
+    client.close()
+    plain = RegistryClient("reg.lan", insecure=True)
+    plain.trust(str(bad))  # plain HTTP has no TLS to configure
+    plain.close()
+
+
+def test_credentials_come_from_the_configured_files(tmp_path: Path) -> None:
+    docker = tmp_path / "dockercfg"
+    docker.mkdir()
+    auth = base64.b64encode(b"dockeruser:pw").decode()
+    (docker / "config.json").write_text(json.dumps({"auths": {"reg.lan": {"auth": auth}}}))
+    settings = _settings(tmp_path, {"LLMMAN_AUTH_FILE": str(tmp_path / "mine.json"),
+                                    "DOCKER_CONFIG": str(docker)})
+    creds = CredentialStore.of(settings)
+    assert (creds.path, creds.docker_config) == (tmp_path / "mine.json", docker / "config.json")
+    assert creds.get("reg.lan") == Credential("dockeruser", "pw")
+    creds.save("reg.lan", Credential("me", "pw2"))
+    assert json.loads((tmp_path / "mine.json").read_text())["auths"]["reg.lan"]
+    assert creds.get("reg.lan") == Credential("me", "pw2")
+    assert CredentialStore(tmp_path / "none.json").get("reg.lan") is None  # no Docker config named: none read
+
+
+def test_offline_hugging_face_follows_the_configured_endpoint(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store")
+    with pytest.raises(LlmmanError, match="offline") as err:
+        Puller(store, offline=True).ensure(parse_reference("hf.co/owner/repo"))
+    assert "huggingface.co" in err.value.message
+    local = Puller(store, offline=True, options=RegistryOptions(hf_endpoint="http://127.0.0.1:9"))
+    with pytest.raises(LlmmanError) as err:  # a hub on this machine is tried: unreachable, not "offline"
+        local.ensure(parse_reference("hf.co/owner/repo"))
+    assert "offline" not in err.value.message

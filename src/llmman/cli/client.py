@@ -55,7 +55,7 @@ def client_key(settings: Settings) -> str:
     the daemon's own ``auth.api_keys`` (so a CLI on the daemon's machine works without more set-up)."""
     if settings.client_key:
         return settings.client_key
-    return next((k.strip() for k in settings.api_keys.split(",") if k.strip()), "")
+    return next(iter(settings.api_key_list), "")
 
 
 def client_for(settings: Settings, *, timeout: float = _TIMEOUT) -> DaemonClient:

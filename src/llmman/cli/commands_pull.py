@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
 import sys
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmman.cli.commands_store import _daemon
@@ -112,18 +110,17 @@ def _transfer(args: argparse.Namespace, settings: Settings, verb: str) -> int:
                 for line in client.ndjson_stream(f"/api/{verb}", body):
                     view(line)
         else:
-            from llmman.registry.credentials import CredentialStore, default_credentials_path
+            from llmman.registry.client import RegistryOptions
+            from llmman.registry.credentials import CredentialStore
             from llmman.registry.puller import Puller
             from llmman.store import Store
 
-            store = Store(settings.models)
-            creds = CredentialStore(default_credentials_path())
+            puller = Puller(Store(settings.models), CredentialStore.of(settings), offline=settings.offline,
+                            options=RegistryOptions.of(settings))
             if verb == "pull":
-                Puller(store, creds, offline=settings.offline).pull(ref, view, insecure=args.insecure)
+                puller.pull(ref, view, insecure=args.insecure)
             else:
-                from llmman.registry.push import push
-
-                push(store, ref, creds, view, insecure=args.insecure)
+                puller.push(ref, view, insecure=args.insecure)
     if not view.success:
         raise LlmmanError(f"{ref}: stream ended without a success status")
     return 0
@@ -137,13 +134,6 @@ def cmd_pull(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_push(args: argparse.Namespace, settings: Settings) -> int:
     """``llmman push REF [--insecure]``."""
     return _transfer(args, settings, "push")
-
-
-def _hf_token_path() -> Path:
-    if os.environ.get("HF_TOKEN_PATH"):
-        return Path(os.environ["HF_TOKEN_PATH"])
-    home = os.environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
-    return Path(home) / "token"
 
 
 def _password(args: argparse.Namespace) -> str:
@@ -168,13 +158,13 @@ def _server(text: str | None) -> str:
 def cmd_login(args: argparse.Namespace, settings: Settings) -> int:
     """``llmman login [SERVER] [-u USER] [-p PASS | --password-stdin] [--insecure]``: check the
     credentials against the registry, then store them (Hugging Face: the token file)."""
-    from llmman.registry.client import RegistryClient
-    from llmman.registry.credentials import Credential, CredentialStore, default_credentials_path
+    from llmman.registry.client import RegistryClient, RegistryOptions
+    from llmman.registry.credentials import Credential, CredentialStore
 
     server = _server(args.server)
     if server == HF_REGISTRY:
         token = _password(args)
-        path = _hf_token_path()
+        path = settings.environment.hf_token_path  # where huggingface_hub reads it
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         path.write_text(token)
         path.chmod(0o600)
@@ -186,24 +176,25 @@ def cmd_login(args: argparse.Namespace, settings: Settings) -> int:
             raise BadRequest("cannot perform an interactive login from a non-TTY device")
         user = input("Username: ")
     cred = Credential(user, _password(args))
-    client = RegistryClient(server, None, insecure=args.insecure, credential=cred)
+    client = RegistryClient(server, None, insecure=args.insecure, credential=cred,
+                            options=RegistryOptions.of(settings))
     try:
         client.check_login()
     finally:
         client.close()
-    CredentialStore(default_credentials_path()).save(server, cred)
+    CredentialStore.of(settings).save(server, cred)
     print(f"Login succeeded for {server}")
     return 0
 
 
 def cmd_logout(args: argparse.Namespace, settings: Settings) -> int:
     """``llmman logout [SERVER]``."""
-    from llmman.registry.credentials import CredentialStore, default_credentials_path
+    from llmman.registry.credentials import CredentialStore
 
     server = _server(args.server)
     if server == HF_REGISTRY:
-        _hf_token_path().unlink(missing_ok=True)
-    elif not CredentialStore(default_credentials_path()).remove(server):
+        settings.environment.hf_token_path.unlink(missing_ok=True)
+    elif not CredentialStore.of(settings).remove(server):
         raise LlmmanError(f"not logged in to {server}")
     print(f"Logged out of {server}")
     return 0

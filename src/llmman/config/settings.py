@@ -6,7 +6,8 @@ Layers, later wins: defaults < ``/etc/llmman/llmman.conf`` < ``~/.config/llmman/
 table in :mod:`llmman.config.table`; files are TOML with a ``[server]`` section and a free-form
 ``[aliases]`` table. Unknown sections or keys and wrongly typed values are errors.
 
-This is the only module that reads ``os.environ``; everything else receives a :class:`Settings`.
+This package is the only reader of ``os.environ``; everything else receives a :class:`Settings`,
+other tools' variables (``PATH``, ``HF_*``, ``DOCKER_CONFIG``) included, as :attr:`Settings.environment`.
 ``llmman config set|unset`` edit the user file with tomlkit, keeping comments and layout.
 """
 
@@ -24,12 +25,23 @@ import platformdirs
 import tomlkit
 import tomlkit.exceptions
 
+from llmman.config.environment import Environment, home, read_environment
 from llmman.config.presets import MODELS, Preset, display_preset, parse_preset
-from llmman.config.table import SETTINGS, HostAddress, Kind, SettingSpec, convert, display, parse_host
+from llmman.config.table import (
+    SETTINGS,
+    HostAddress,
+    Kind,
+    SettingSpec,
+    convert,
+    display,
+    parse_host,
+    split_list,
+)
 from llmman.errors import ConfigError
 
 __all__ = [
     "SETTINGS",
+    "Environment",
     "HostAddress",
     "SettingSpec",
     "Settings",
@@ -54,7 +66,8 @@ class Settings:
     """The effective configuration. Durations are seconds (``math.inf`` = forever).
 
     ``origins`` maps each dotted key (``server.host``, ``aliases.<name>``) to ``"default"``, the file it
-    came from, ``"env LLMMAN_X"`` / ``"env OLLAMA_X"``, or ``"flag"``.
+    came from, ``"env LLMMAN_X"`` / ``"env OLLAMA_X"``, or ``"flag"``. ``environment`` holds the other
+    tools' variables read from the same environment (:mod:`llmman.config.environment`).
     """
 
     host: HostAddress
@@ -82,9 +95,27 @@ class Settings:
     ca_file: str = ""
     health_interval: float = 10.0
     restart_backoff: float = 1.0
+    insecure_registries: tuple[str, ...] = ()
+    auth_file: Path = Path("auth.json")
+    environment: Environment = field(default_factory=lambda: read_environment({}))
     aliases: dict[str, str] = field(default_factory=dict)
     presets: dict[str, Preset] = field(default_factory=dict)  # [models."REF"], by full reference
     origins: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def api_key_list(self) -> tuple[str, ...]:
+        """``auth.api_keys`` parsed: the keys, stripped, blanks dropped."""
+        return split_list(self.api_keys)
+
+    @property
+    def origin_list(self) -> tuple[str, ...]:
+        """``server.allowed_origins`` parsed: the extra CORS origin patterns."""
+        return split_list(self.allowed_origins)
+
+    @property
+    def peer_list(self) -> tuple[str, ...]:
+        """``aggregation.peers`` parsed: one ``LLMMAN_HOST``-style entry per peer."""
+        return split_list(self.peers)
 
     @property
     def data_dir(self) -> Path:
@@ -97,11 +128,6 @@ class Settings:
         return self.data_dir / "logs"
 
 
-def _home(env: Mapping[str, str]) -> Path:
-    home = env.get("HOME")
-    return Path(home) if home else Path.home()
-
-
 def user_config_path(env: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CONFIG_HOME/llmman/llmman.conf``, else ``~/.config/llmman/llmman.conf`` (every OS).
 
@@ -109,7 +135,7 @@ def user_config_path(env: Mapping[str, str] | None = None) -> Path:
     """
     env = os.environ if env is None else env
     xdg = env.get("XDG_CONFIG_HOME", "")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else _home(env) / ".config"
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else home(env) / ".config"
     return base / "llmman" / "llmman.conf"
 
 
@@ -122,9 +148,20 @@ def _default_store(env: Mapping[str, str]) -> Path:
     """The platform's user data dir + ``llmman/store`` (``$XDG_DATA_HOME`` or ``~/.local/share`` on Linux)."""
     if sys.platform.startswith("linux") or "bsd" in sys.platform:
         xdg = env.get("XDG_DATA_HOME", "")
-        base = Path(xdg) if xdg and Path(xdg).is_absolute() else _home(env) / ".local" / "share"
+        base = Path(xdg) if xdg and Path(xdg).is_absolute() else home(env) / ".local" / "share"
         return base / "llmman" / "store"
     return Path(platformdirs.user_data_dir("llmman", appauthor=False)) / "store"
+
+
+def _default_auth_file(env: Mapping[str, str]) -> Path:
+    """The platform's user config dir + ``llmman/auth.json`` (``$XDG_CONFIG_HOME`` or ``~/.config`` on
+    Linux)."""
+    if sys.platform.startswith("linux") or "bsd" in sys.platform:
+        return user_config_path(env).parent / "auth.json"
+    return Path(platformdirs.user_config_dir("llmman", appauthor=False)) / "auth.json"
+
+
+_COMPUTED_DEFAULTS = {"server.models": _default_store, "registry.auth_file": _default_auth_file}
 
 
 def load_settings(
@@ -152,8 +189,8 @@ def load_settings(
     values: dict[str, object] = {}
     origins: dict[str, str] = {}
     for spec in SETTINGS:
-        if spec.key == "server.models":
-            values[spec.key] = _default_store(env)
+        if spec.key in _COMPUTED_DEFAULTS:
+            values[spec.key] = _COMPUTED_DEFAULTS[spec.key](env)
         else:
             values[spec.key] = convert(spec, spec.default, strict_types=False)
         origins[spec.key] = "default"
@@ -199,7 +236,8 @@ def load_settings(
         origins[key] = "flag"
 
     typed: dict[str, Any] = {spec.attr: values[spec.key] for spec in SETTINGS}
-    return Settings(**typed, aliases=aliases, presets=presets, origins=origins)
+    return Settings(**typed, environment=read_environment(env), aliases=aliases, presets=presets,
+                    origins=origins)
 
 
 def _ollama_auto(spec: SettingSpec, text: str) -> bool:
@@ -323,6 +361,8 @@ def _toml_value(spec: SettingSpec | None, text: str) -> object:
     typed = convert(spec, text, strict_types=False)
     if spec.kind in (Kind.INT, Kind.BOOL):
         return typed
+    if spec.kind is Kind.LIST and isinstance(typed, tuple):
+        return list(typed)
     if spec.kind is Kind.DURATION:
         try:
             number = float(text)

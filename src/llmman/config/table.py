@@ -17,7 +17,17 @@ from llmman.durations import format_duration, parse_duration
 from llmman.errors import BadRequest, ConfigError
 from llmman.sizes import parse_size
 
-__all__ = ["SETTINGS", "HostAddress", "Kind", "SettingSpec", "convert", "display", "parse_bool", "parse_host"]
+__all__ = [
+    "SETTINGS",
+    "HostAddress",
+    "Kind",
+    "SettingSpec",
+    "convert",
+    "display",
+    "parse_bool",
+    "parse_host",
+    "split_list",
+]
 
 DEFAULT_PORT = 17434
 _SCHEME_PORTS = {"http": 80, "https": 443}
@@ -129,6 +139,7 @@ class Kind(Enum):
     STR = "str"
     BOOL = "bool"
     SIZE = "size"
+    LIST = "list"  # comma-separated text (or a TOML array of strings) -> tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -214,8 +225,17 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "PEM private key of tls.cert_file."),
     SettingSpec("tls.ca_file", "LLMMAN_TLS_CA", None, Kind.STR, "",
                 "Extra PEM CA bundle trusted for https:// peers, registries and the CLI's daemon."),
+    SettingSpec("registry.insecure_registries", "LLMMAN_INSECURE_REGISTRIES", None, Kind.LIST, "",
+                "Registry hosts (host[:port], comma-separated) pulled from and pushed to over plain HTTP."),
+    SettingSpec("registry.auth_file", "LLMMAN_AUTH_FILE", None, Kind.PATH, "~/.config/llmman/auth.json",
+                "Where llmman login keeps registry credentials (the platform's user config dir)."),
 )
 # fmt: on
+
+
+def split_list(text: str) -> tuple[str, ...]:
+    """``"a, b,,c"`` -> ``("a", "b", "c")``: comma-separated entries, stripped, blanks dropped."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def parse_bool(text: str) -> bool:
@@ -245,7 +265,8 @@ def convert(spec: SettingSpec, raw: object, *, strict_types: bool) -> object:
             boolean; False lets strings stand for any kind.
 
     Returns:
-        HostAddress, Path, float seconds (``math.inf`` = forever), int, str or bool per ``spec.kind``.
+        HostAddress, Path, float seconds (``math.inf`` = forever), int, str, bool or a tuple of strings
+        (LIST) per ``spec.kind``.
 
     Raises:
         ValueError: the value has the wrong type or does not parse; the message says why, and callers
@@ -278,6 +299,8 @@ def convert(spec: SettingSpec, raw: object, *, strict_types: bool) -> object:
             return parse_duration(raw, what=spec.key)
         except BadRequest as exc:
             raise ValueError(str(exc)) from None
+    if kind is Kind.LIST:
+        return _list(raw)
     if kind is Kind.HOST and isinstance(raw, HostAddress):
         return raw
     if kind is Kind.PATH and isinstance(raw, Path):
@@ -296,11 +319,23 @@ def convert(spec: SettingSpec, raw: object, *, strict_types: bool) -> object:
     return raw
 
 
+def _list(raw: object) -> tuple[str, ...]:
+    """A LIST value: comma-separated text, or a sequence of strings (a TOML array, a flag's values),
+    each entry also split at commas."""
+    if isinstance(raw, str):
+        return split_list(raw)
+    if isinstance(raw, list | tuple) and all(isinstance(item, str) for item in raw):
+        return tuple(entry for item in raw for entry in split_list(item))
+    raise ValueError(f"expected a comma-separated string or an array of strings, got {_type_name(raw)}")
+
+
 def display(spec: SettingSpec, value: object) -> str:
     """A typed value as text for ``config list``/``get``: durations as ``5m0s``/``forever``, bools as
-    ``true``/``false``, hosts as ``http://127.0.0.1:17434``."""
+    ``true``/``false``, hosts as ``http://127.0.0.1:17434``, lists comma-separated."""
     if spec.kind is Kind.DURATION and isinstance(value, float | int):
         return format_duration(float(value))
+    if spec.kind is Kind.LIST and isinstance(value, tuple):
+        return ",".join(str(item) for item in value)
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

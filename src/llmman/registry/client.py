@@ -4,12 +4,12 @@ Sources: OCI distribution-spec 1.1 ("Pulling manifests", "Pulling blobs", "Pushi
 manifests"), Docker's token authentication (``WWW-Authenticate: Bearer realm=…,service=…,scope=…`` then
 ``GET realm?service=&scope=`` answering ``token``/``access_token``), and basic auth (RFC 7617).
 
-Transport: HTTPS verified against the system CAs plus ``LLMMAN_TLS_CA`` (a PEM file); plain HTTP for
-an ``insecure`` registry (``--insecure``, ``"insecure": true`` in ``/api/pull``, or a host listed in
-``LLMMAN_INSECURE_REGISTRIES``, comma-separated). A loopback registry (``localhost``, 127.0.0.0/8, ::1)
-is insecure by default as in Docker (dockerd's ``--insecure-registry`` default includes 127.0.0.0/8):
-HTTPS is tried first and a TLS handshake failure falls back to plain HTTP. Docker Hub's API host is
-``registry-1.docker.io``.
+Transport: HTTPS verified against the system trust store plus ``tls.ca_file`` (``LLMMAN_TLS_CA``, a PEM
+file); plain HTTP for an ``insecure`` registry (``--insecure``, ``"insecure": true`` in ``/api/pull``, or a
+host listed in ``registry.insecure_registries``, ``LLMMAN_INSECURE_REGISTRIES``); both settings reach the
+client as :class:`RegistryOptions`. A loopback registry (``localhost``, 127.0.0.0/8, ::1) is insecure by
+default as in Docker (dockerd's ``--insecure-registry`` default includes 127.0.0.0/8): HTTPS is tried first
+and a TLS handshake failure falls back to plain HTTP. Docker Hub's API host is ``registry-1.docker.io``.
 
 Errors: :class:`RegistryError` with the registry's own message; 401/403 say which credentials failed;
 404 is :class:`RegistryNotFound`; connection failures name the host.
@@ -18,21 +18,25 @@ Errors: :class:`RegistryError` with the registry's own message; 401/403 say whic
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from llmman.config.environment import HF_DEFAULT_ENDPOINT
 from llmman.errors import LlmmanError
 from llmman.refs import Reference
 from llmman.registry.credentials import Credential, CredentialStore
 from llmman.store import mediatypes as mt
-from llmman.tls import client_context
+from llmman.tls import client_context, trust_ca
+
+if TYPE_CHECKING:
+    from llmman.config.settings import Settings
 
 MANIFEST_ACCEPT = ", ".join([mt.OCI_MANIFEST, mt.OCI_INDEX, mt.DOCKER_MANIFEST, mt.DOCKER_MANIFEST_LIST])
 CONNECT_TIMEOUT_S = 10.0
@@ -68,16 +72,30 @@ class RegistryAuthError(RegistryError):
     code = "unauthorized"
 
 
-def insecure_hosts() -> set[str]:
-    """Hosts from ``LLMMAN_INSECURE_REGISTRIES`` (comma-separated), lowercased."""
-    hosts = os.environ.get("LLMMAN_INSECURE_REGISTRIES", "").split(",")
-    return {h.strip().lower() for h in hosts if h.strip()}
+@dataclass(frozen=True)
+class RegistryOptions:
+    """How registries are reached, as configured; the default is "nothing configured".
 
+    Attributes:
+        insecure_registries: hosts (``host[:port]``) spoken to over plain HTTP
+            (``registry.insecure_registries``); matched case-insensitively.
+        ca_file: a PEM CA bundle trusted on top of the system store (``tls.ca_file``); empty = none.
+        hf_endpoint: the Hugging Face endpoint (``HF_ENDPOINT``).
+    """
 
-def ssl_context() -> ssl.SSLContext:
-    """System CAs plus the PEM bundle in ``LLMMAN_TLS_CA`` when set (:func:`llmman.tls.client_context`).
-    Raises ConfigError if unreadable."""
-    return client_context(os.environ.get("LLMMAN_TLS_CA", ""))
+    insecure_registries: tuple[str, ...] = ()
+    ca_file: str = ""
+    hf_endpoint: str = HF_DEFAULT_ENDPOINT
+
+    @classmethod
+    def of(cls, settings: Settings) -> RegistryOptions:
+        """The options ``settings`` configure."""
+        return cls(insecure_registries=settings.insecure_registries, ca_file=settings.ca_file,
+                   hf_endpoint=settings.environment.hf_endpoint)
+
+    def is_insecure(self, registry: str) -> bool:
+        """True when ``registry`` is listed in :attr:`insecure_registries`."""
+        return registry.lower() in {host.lower() for host in self.insecure_registries}
 
 
 def api_host(registry: str) -> str:
@@ -92,17 +110,20 @@ class RegistryClient:
         registry: host[:port] as in :attr:`Reference.registry`.
         credentials: where to find a user/password; None means anonymous only.
         insecure: use plain HTTP.
+        options: the configured insecure hosts (plain HTTP too) and extra CA bundle.
     """
 
     def __init__(self, registry: str, credentials: CredentialStore | None = None, *,
                  insecure: bool = False, stall_timeout: float = STALL_TIMEOUT_S,
-                 credential: Credential | None = None) -> None:
+                 credential: Credential | None = None, options: RegistryOptions | None = None) -> None:
         self.registry = registry
-        insecure = insecure or registry.lower() in insecure_hosts()
+        options = options or RegistryOptions()
+        insecure = insecure or options.is_insecure(registry)
         self.base = f"{'http' if insecure else 'https'}://{api_host(registry)}"
         self.loopback = is_loopback_host(registry)  # HTTPS that fails its handshake falls back to plain HTTP
         self.stall_timeout = stall_timeout
-        self.tls = None if insecure else ssl_context()
+        self.tls = None if insecure else client_context(options.ca_file)
+        self._trusted = {options.ca_file} if options.ca_file else set()
         self._cred = credential or (credentials.get(registry) if credentials else None)
         self._tokens: dict[str, str] = {}
         self._basic = False
@@ -113,6 +134,14 @@ class RegistryClient:
 
     def close(self) -> None:
         self.http.close()
+
+    def trust(self, ca_file: str) -> None:
+        """Also trust the PEM bundle ``ca_file`` from now on (nothing for plain HTTP or an empty name;
+        a bundle is loaded once). Raises ConfigError when it cannot be read."""
+        if self.tls is None or not ca_file or ca_file in self._trusted:
+            return
+        trust_ca(self.tls, ca_file)
+        self._trusted.add(ca_file)
 
     # -- auth ------------------------------------------------------------------------------------
     def auth_headers(self, scope: str) -> dict[str, str]:

@@ -1,10 +1,12 @@
 """Registry credentials: llmman's own ``auth.json`` and Docker's ``config.json`` (with credential helpers).
 
 Both files use Docker's format (``{"auths": {"host": {"auth": base64("user:pass")}}}``). Lookup order for a
-registry host: llmman's file (written by ``llmman login``), then ``$DOCKER_CONFIG/config.json`` or
-``~/.docker/config.json``: ``credHelpers[host]``, ``credsStore``, then ``auths``. Docker Hub is looked up
-under ``docker.io``, ``index.docker.io``, ``https://index.docker.io/v1/`` and ``registry-1.docker.io``
-(different tools store Hub credentials under different ones). A credential helper gets 5 seconds.
+registry host: llmman's file (written by ``llmman login``; ``registry.auth_file``), then Docker's
+``config.json`` (``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``, resolved by
+:mod:`llmman.config.environment`): ``credHelpers[host]``, ``credsStore``, then ``auths``. Docker Hub is
+looked up under ``docker.io``, ``index.docker.io``, ``https://index.docker.io/v1/`` and
+``registry-1.docker.io`` (different tools store Hub credentials under different ones). A credential
+helper gets 5 seconds.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmman.errors import LlmmanError
 from llmman.store.layout import atomic_write
+
+if TYPE_CHECKING:
+    from llmman.config.settings import Settings
 
 HELPER_TIMEOUT_S = 5.0
 _HUB = ("docker.io", "index.docker.io", "https://index.docker.io/v1/", "registry-1.docker.io")
@@ -37,22 +42,6 @@ def _aliases(host: str) -> tuple[str, ...]:
     if host in _HUB:
         return _HUB
     return (host, f"https://{host}", f"http://{host}")
-
-
-def default_credentials_path() -> Path:
-    """llmman's own credentials file: ``$LLMMAN_AUTH_FILE`` or ``<user config dir>/llmman/auth.json``."""
-    override = os.environ.get("LLMMAN_AUTH_FILE")
-    if override:
-        return Path(override)
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("llmman", appauthor=False)) / "auth.json"
-
-
-def docker_config_path() -> Path:
-    """``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``."""
-    base = os.environ.get("DOCKER_CONFIG")
-    return Path(base) / "config.json" if base else Path.home() / ".docker" / "config.json"
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -102,18 +91,28 @@ def _from_helper(helper: str, host: str) -> Credential | None:
 
 
 class CredentialStore:
-    """Credentials for registry hosts. ``path`` is llmman's own file (``<config dir>/auth.json``)."""
+    """Credentials for registry hosts.
+
+    Args:
+        path: llmman's own file (``registry.auth_file``).
+        docker_config: Docker's ``config.json``; None = none is read.
+    """
 
     def __init__(self, path: Path, docker_config: Path | None = None) -> None:
         self.path = Path(path)
         self.docker_config = docker_config
+
+    @classmethod
+    def of(cls, settings: Settings) -> CredentialStore:
+        """The store ``settings`` configure: ``registry.auth_file``, then Docker's ``config.json``."""
+        return cls(settings.auth_file, settings.environment.docker_config)
 
     def get(self, host: str) -> Credential | None:
         """The credential for ``host`` (see the module docstring for the order), or None."""
         found = _from_auths(_read(self.path), host)
         if found is not None:
             return found
-        config = _read(self.docker_config or docker_config_path())
+        config = _read(self.docker_config) if self.docker_config is not None else {}
         helpers = config.get("credHelpers")
         helper = helpers.get(host) if isinstance(helpers, dict) else None
         helper = helper or config.get("credsStore")

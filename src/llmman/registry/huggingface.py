@@ -1,7 +1,8 @@
 """Pulling GGUF models from Hugging Face (``hf.co/owner/repo[:quant]``) through ``huggingface_hub``.
 
-Rules: the endpoint is ``HF_ENDPOINT`` (default https://huggingface.co),
-the token ``HF_TOKEN`` or huggingface_hub's token file (huggingface_hub reads both). The repository's
+Rules: the endpoint is passed in (``HF_ENDPOINT`` as :mod:`llmman.config.environment` reads it, default
+https://huggingface.co); the token is ``HF_TOKEN`` or huggingface_hub's token file, which huggingface_hub
+reads itself. The repository's
 commit comes from the model info; the file list from the recursive tree. Among ``*.gguf`` files that are
 not ``mmproj``/``imatrix``: an explicit tag (not ``latest``) picks the first whose path contains it
 (case-insensitive) or fails listing what exists; else the first of :data:`QUANT_ORDER`; else the
@@ -17,11 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
+from llmman.config.environment import HF_DEFAULT_ENDPOINT
 from llmman.errors import LlmmanError, StoreError
 from llmman.refs import DEFAULT_TAG, Reference
 from llmman.registry.client import RegistryError, RegistryNotFound, RegistryUnavailable
@@ -89,15 +90,17 @@ def _sha256(path: Path) -> str:
     return f"sha256:{h.hexdigest()}"
 
 
-def pull_huggingface(store: Store, ref: Reference, emit: Emit) -> StoredModel:
-    """Pull ``ref`` (registry ``hf.co``) into ``store``. Raises RegistryError subclasses, StoreError."""
+def pull_huggingface(store: Store, ref: Reference, emit: Emit, *,
+                     endpoint: str = HF_DEFAULT_ENDPOINT) -> StoredModel:
+    """Pull ``ref`` (registry ``hf.co``) into ``store`` from the Hub at ``endpoint``.
+
+    Raises RegistryError subclasses, StoreError."""
     import httpx2  # huggingface_hub's HTTP client: its transport errors are not HfHubHTTPError
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub import errors as hf_errors
 
     emit({"status": "pulling manifest"})
     repo = ref.repository
-    endpoint = os.environ.get("HF_ENDPOINT") or None
     api = HfApi(endpoint=endpoint)
     written: list[str] = []
     try:
@@ -143,7 +146,7 @@ def pull_huggingface(store: Store, ref: Reference, emit: Emit) -> StoredModel:
         raise RegistryError(f"{ref}: {str(exc).splitlines()[0]}") from exc
     except httpx2.HTTPError as exc:  # unreachable endpoint, TLS failure, timeout, dropped connection
         store.layout.unpin(written)
-        raise RegistryUnavailable(f"{ref}: cannot reach {endpoint or 'https://huggingface.co'}: "
+        raise RegistryUnavailable(f"{ref}: cannot reach {endpoint}: "
                                   f"{exc or type(exc).__name__}") from exc
     except (OSError, ValueError) as exc:
         store.layout.unpin(written)

@@ -21,11 +21,18 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
 
 from llmman.errors import LlmmanError
 from llmman.refs import Reference
 from llmman.registry import manifests
-from llmman.registry.client import RegistryClient, RegistryError, is_loopback_host, reference_tag
+from llmman.registry.client import (
+    RegistryClient,
+    RegistryError,
+    RegistryOptions,
+    is_loopback_host,
+    reference_tag,
+)
 from llmman.registry.credentials import CredentialStore
 from llmman.registry.download import Downloader
 from llmman.store import Store, StoredModel
@@ -36,27 +43,27 @@ Emit = Callable[[dict[str, Any]], None]
 __all__ = ["Emit", "Puller", "is_loopback_host"]
 
 
-def _hf_endpoint_host() -> str:
-    """The host huggingface_hub will contact (``HF_ENDPOINT``, read by huggingface_hub itself)."""
-    from urllib.parse import urlsplit
-
-    from huggingface_hub import constants
-
-    return urlsplit(constants.ENDPOINT).netloc
-
-
 def _quiet(_: dict[str, Any]) -> None:
     return None
 
 
 class Puller:
-    """Pulls references into ``store``. One per daemon (or CLI run); thread-safe."""
+    """Pulls references into ``store``. One per daemon (or CLI run); thread-safe.
+
+    Args:
+        store: where models go.
+        credentials: registry credentials; None = anonymous only.
+        offline: refuse every registry off this machine (``server.offline``).
+        options: insecure hosts, the extra CA bundle and the Hugging Face endpoint, for every pull (and
+            :meth:`push`) this puller makes.
+    """
 
     def __init__(self, store: Store, credentials: CredentialStore | None = None, *,
-                 offline: bool = False) -> None:
+                 offline: bool = False, options: RegistryOptions | None = None) -> None:
         self.store = store
         self.credentials = credentials
         self.offline = offline
+        self.options = options or RegistryOptions()
         self.downloader = Downloader(store)
         self._ref_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -84,16 +91,16 @@ class Puller:
 
     def _pull(self, ref: Reference, emit: Emit, insecure: bool) -> StoredModel:
         if self.offline:
-            host = _hf_endpoint_host() if ref.is_huggingface else ref.registry
+            host = urlsplit(self.options.hf_endpoint).netloc if ref.is_huggingface else ref.registry
             if not is_loopback_host(host):
                 raise LlmmanError(f"not pulling {ref} from {host}: llmman is offline (server.offline)",
                                   status=503, code="offline")
         if ref.is_huggingface:
             from llmman.registry.huggingface import pull_huggingface
 
-            return pull_huggingface(self.store, ref, emit)
+            return pull_huggingface(self.store, ref, emit, endpoint=self.options.hf_endpoint)
         emit({"status": "pulling manifest"})
-        client = RegistryClient(ref.registry, self.credentials, insecure=insecure)
+        client = RegistryClient(ref.registry, self.credentials, insecure=insecure, options=self.options)
         try:
             data, media, manifest = self._manifest(client, ref)
             self._fetch_all(client, ref.repository, manifests.blobs(manifest), emit)
@@ -107,7 +114,9 @@ class Puller:
 
     def pull_via(self, ref: Reference, client: RegistryClient, emit: Emit = _quiet) -> StoredModel:
         """Pull ``ref``'s repository and tag through ``client`` (another registry, such as a peer
-        node's ``/v2/``) and store it under ``ref``. Single-flight with :meth:`ensure`."""
+        node's ``/v2/``) and store it under ``ref``. Single-flight with :meth:`ensure`. The client
+        trusts this puller's CA bundle (``tls.ca_file``) as well as its own."""
+        client.trust(self.options.ca_file)
         with self._ref_lock(ref):
             found = self.store.find(ref)
             if found is not None:
@@ -115,6 +124,15 @@ class Puller:
             data, media, manifest = self._manifest(client, ref)
             self._fetch_all(client, ref.repository, manifests.blobs(manifest), emit)
             return self.store.put_manifest(ref, data, media)
+
+    def push(self, ref: Reference, emit: Emit = _quiet, *, insecure: bool = False,
+             source: str | None = None) -> str:
+        """Push the stored model ``ref`` to its registry with this puller's credentials and options
+        (:func:`llmman.registry.push.push`); returns the manifest digest."""
+        from llmman.registry.push import push
+
+        return push(self.store, ref, self.credentials, emit, insecure=insecure, source=source,
+                    options=self.options)
 
     def _manifest(self, client: RegistryClient, ref: Reference) -> tuple[bytes, str, dict[str, Any]]:
         data, media = client.get_manifest(ref.repository, reference_tag(ref))

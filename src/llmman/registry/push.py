@@ -21,7 +21,7 @@ from urllib.parse import urlencode, urljoin
 
 from llmman.refs import Reference, parse_reference
 from llmman.registry import manifests
-from llmman.registry.client import RegistryClient, RegistryError, RegistryNotFound, check
+from llmman.registry.client import RegistryClient, RegistryError, RegistryNotFound, RegistryOptions, check
 from llmman.registry.credentials import CredentialStore
 from llmman.store import Store
 
@@ -41,10 +41,11 @@ def _file_chunks(path: Path, on_bytes: Callable[[int], None]) -> Iterator[bytes]
 
 
 def push(store: Store, ref: Reference, credentials: CredentialStore | None, emit: Emit, *,
-         insecure: bool = False, source: str | None = None) -> str:
+         insecure: bool = False, source: str | None = None, options: RegistryOptions | None = None) -> str:
     """Upload the stored model ``ref`` to its registry; returns the manifest digest.
 
-    ``source`` is the stored name of the model it came from, for a cross-repository mount.
+    ``source`` is the stored name of the model it came from, for a cross-repository mount; ``options``
+    the configured insecure hosts and CA bundle (:class:`RegistryOptions`).
     Raises ModelNotFound (not stored), RegistryError (refused, unauthorised, unreachable)."""
     emit({"status": "retrieving manifest"})
     model = store.get(ref)
@@ -53,7 +54,7 @@ def push(store: Store, ref: Reference, credentials: CredentialStore | None, emit
     repo = ref.repository
     scope = f"repository:{repo}:pull,push"
     sources = mount_sources(store, ref, source)
-    client = RegistryClient(ref.registry, credentials, insecure=insecure)
+    client = RegistryClient(ref.registry, credentials, insecure=insecure, options=options)
     try:
         for blob in manifests.blobs(model.manifest):
             status = f"pushing {blob.digest.split(':', 1)[1][:12]}"

@@ -1,0 +1,66 @@
+"""The variables llmman honours that are not its own settings: other tools' conventions, read once.
+
+``PATH`` (where ``llama-server`` is searched), ``HF_ENDPOINT`` and ``HF_TOKEN_PATH``/``HF_HOME``
+(Hugging Face's endpoint and token file, as ``huggingface_hub`` reads them) and ``DOCKER_CONFIG``
+(Docker's ``config.json``, for registry credentials). They have no config-file key and no ``config list``
+row; :func:`llmman.config.settings.load_settings` reads them from the same environment as the settings
+and hands them on as :attr:`Settings.environment`, so no other module looks at ``os.environ``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["HF_DEFAULT_ENDPOINT", "Environment", "read_environment"]
+
+HF_DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Other tools' variables, typed.
+
+    Attributes:
+        path: ``PATH``, searched for ``llama-server`` when no binary is configured.
+        hf_endpoint: ``HF_ENDPOINT`` without a trailing ``/``, default https://huggingface.co.
+        hf_token_path: the Hugging Face token file ``llmman login hf.co`` writes: ``HF_TOKEN_PATH``, else
+            ``$HF_HOME/token``, else ``$XDG_CACHE_HOME/huggingface/token`` or
+            ``~/.cache/huggingface/token`` (where ``huggingface_hub`` looks for it).
+        docker_config: Docker's client config: ``$DOCKER_CONFIG/config.json``, else
+            ``~/.docker/config.json``.
+    """
+
+    path: str
+    hf_endpoint: str
+    hf_token_path: Path
+    docker_config: Path
+
+
+def home(env: Mapping[str, str]) -> Path:
+    """``$HOME``, else the account's home directory."""
+    value = env.get("HOME")
+    return Path(value) if value else Path.home()
+
+
+def _path(text: str, env: Mapping[str, str]) -> Path:
+    """``text`` as a path, a leading ``~`` meaning :func:`home`."""
+    if text == "~" or text.startswith("~/"):
+        return home(env) / text[2:]
+    return Path(text)
+
+
+def read_environment(env: Mapping[str, str]) -> Environment:
+    """The :class:`Environment` that ``env`` describes, resolved as ``huggingface_hub`` and Docker
+    resolve these variables (an empty variable counts as unset)."""
+    cache = env.get("XDG_CACHE_HOME") or "~/.cache"
+    hf_home = _path(env.get("HF_HOME") or f"{cache.rstrip('/')}/huggingface", env)
+    token = _path(env["HF_TOKEN_PATH"], env) if env.get("HF_TOKEN_PATH") else hf_home / "token"
+    docker = _path(env["DOCKER_CONFIG"], env) if env.get("DOCKER_CONFIG") else home(env) / ".docker"
+    return Environment(
+        path=env.get("PATH", ""),
+        hf_endpoint=env.get("HF_ENDPOINT", "").rstrip("/") or HF_DEFAULT_ENDPOINT,
+        hf_token_path=token,
+        docker_config=docker / "config.json",
+    )
