@@ -99,7 +99,7 @@ async def tags(request: Request) -> Response:
 async def ps(request: Request) -> Response:
     """``GET /api/ps``: loaded and loading models, latest expiry first; then models that failed (to
     load, or crashed and were not restarted), with ``processor: "failed (CAUSE)"`` and ``failure`` /
-    ``error`` fields saying why (scheduler_healing)."""
+    ``error`` fields saying why (sched/failures.py)."""
     services = _services(request)
     now = datetime.now(UTC).timestamp()
     rows = []

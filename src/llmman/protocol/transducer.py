@@ -9,7 +9,7 @@ Implementations: :class:`Passthrough` (OpenAI chat/text completions and Response
 with only the model name echoed), :class:`SSETransducer` around an event-level transducer
 (Anthropic's :class:`~llmman.protocol.anthropic.messages.AnthropicStream` and
 :class:`~llmman.protocol.anthropic.tools.ForcedToolStream`), and
-:class:`~llmman.protocol.ollama.stream.OllamaNdjson` (SSE to Ollama's NDJSON). No I/O here.
+:class:`~llmman.protocol.ollama.ndjson.OllamaNdjson` (SSE to Ollama's NDJSON). No I/O here.
 """
 
 from __future__ import annotations
