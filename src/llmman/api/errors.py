@@ -62,9 +62,9 @@ def unexpected_message(exc: BaseException) -> str:
 
 
 class CatchAll:
-    """The safety net inside the CORS/Host guard (a pure ASGI middleware): an exception no handler took becomes a
-    500 in the route's dialect, logged with its traceback, and is NOT re-raised, so uvicorn keeps the
-    client's kept-alive connection usable. A client that hung up mid-body is only logged at debug."""
+    """The safety net inside the CORS/Host guard (a pure ASGI middleware): an exception no handler took
+    becomes a 500 in the route's dialect, logged with its traceback, and is NOT re-raised, so uvicorn keeps
+    the client's kept-alive connection usable. A client that hung up mid-body is only logged at debug."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
