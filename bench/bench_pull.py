@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from tests.integration.registry import start_registry  # noqa: E402
 
 from llmman.refs import parse_reference  # noqa: E402
+from llmman.registry.client import RegistryOptions  # noqa: E402
 from llmman.registry.puller import Puller  # noqa: E402
 from llmman.registry.push import push  # noqa: E402
 from llmman.store import Store  # noqa: E402
@@ -54,11 +55,11 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="llmman-bench-pull-"))
     reg = start_registry(tmp / "registry")
     try:
-        os.environ["LLMMAN_INSECURE_REGISTRIES"] = reg.host
+        options = RegistryOptions(insecure_registries=(reg.host,))
         ref = parse_reference(f"{reg.host}/bench/model:1")
         src = Store(tmp / "src")
         stored = src.build(ref, model)
-        push(src, ref, None, lambda _: None)
+        push(src, ref, None, lambda _: None, options=options)
         digests = [d["digest"] for d in stored.manifest["layers"]] + [stored.manifest["config"]["digest"]]
         total = sum(d["size"] for d in stored.manifest["layers"]) + stored.manifest["config"]["size"]
         best_pull, best_curl, cpu_per_gb = 0.0, 0.0, 0.0
@@ -68,7 +69,7 @@ def main() -> int:
             dst = Store(tmp / f"dst{i}")
             os.sync()  # each side starts with no dirty pages left by the other (writeback throttling)
             cpu0, t0 = _cpu(), time.perf_counter()
-            Puller(dst).pull(ref)
+            Puller(dst, options=options).pull(ref)
             elapsed, cpu = time.perf_counter() - t0, _cpu() - cpu0
             pull_rate = total / elapsed
             if total / elapsed > best_pull:

@@ -117,7 +117,7 @@ def make_peers(settings: Settings) -> Peers:
     """The aggregation's peers (``aggregation.peers``) with their own HTTP session and the peer key
     (``aggregation.api_key``, else the first of ``auth.api_keys``); ``https://`` peers are verified against
     the system CAs plus ``tls.ca_file``."""
-    addresses = parse_peers(settings.peers, settings.host)
+    addresses = parse_peers(settings.peer_list, settings.host)
     key = settings.api_key or next(iter(settings.api_key_list), "")
     connector = aiohttp.TCPConnector(limit=0, ssl=client_context(settings.ca_file))
     session = aiohttp.ClientSession(connector=connector, auto_decompress=False)

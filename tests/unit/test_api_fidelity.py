@@ -19,6 +19,7 @@ from tests.fakes.inprocess import InProcessApp
 from tests.unit.ggufgen import TOOLS_THINK_TEMPLATE, write_gguf
 
 from llmman.api.cors import DEFAULT_ORIGINS, host_allowed, origin_allowed, origin_patterns
+from llmman.config.table import split_list
 from llmman.errors import BadRequest
 from llmman.gguf import read_gguf
 from llmman.protocol.capabilities import (
@@ -96,7 +97,7 @@ def test_check_capabilities_raises_400() -> None:
     ],
 )
 def test_origin_allowed(origin: str, extra: str, allowed: bool) -> None:
-    assert origin_allowed(origin, origin_patterns(extra)) is allowed
+    assert origin_allowed(origin, origin_patterns(split_list(extra))) is allowed
 
 
 def test_default_origins_are_ollamas() -> None:

@@ -10,6 +10,7 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from llmman.api.auth import ApiKeys
+from llmman.config.table import split_list
 
 
 async def ok(scope: Scope, receive: Receive, send: Send) -> None:
@@ -27,7 +28,7 @@ async def ok(scope: Scope, receive: Receive, send: Send) -> None:
     ({"Authorization": "Basic azE="}, 401),
 ])
 async def test_keys(headers: dict[str, str], status: int) -> None:
-    transport = httpx.ASGITransport(app=ApiKeys(ok, keys="k1, k2"))
+    transport = httpx.ASGITransport(app=ApiKeys(ok, keys=split_list("k1, k2")))
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         r = await client.post("/api/chat", headers=headers)
         assert r.status_code == status
@@ -38,7 +39,7 @@ async def test_keys(headers: dict[str, str], status: int) -> None:
 
 
 async def test_no_keys_no_check() -> None:
-    transport = httpx.ASGITransport(app=ApiKeys(ok, keys=" , "))
+    transport = httpx.ASGITransport(app=ApiKeys(ok, keys=split_list(" , ")))
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         assert (await client.post("/api/chat")).status_code == 200
 
@@ -54,7 +55,7 @@ async def test_no_keys_no_check() -> None:
      and d["errors"][0]["message"]),
 ])
 async def test_401_in_the_route_dialect(path: str, shape: Callable[[Any], object]) -> None:
-    transport = httpx.ASGITransport(app=ApiKeys(ok, keys="k1"))
+    transport = httpx.ASGITransport(app=ApiKeys(ok, keys=split_list("k1")))
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         r = await client.post(path, headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401

@@ -7,6 +7,7 @@ import pytest
 from llmman.cluster.peers import parse_node, parse_peers
 from llmman.cluster.placement import NodeView, model_size, place, rank
 from llmman.cluster.views import merge
+from llmman.config.table import split_list
 from llmman.errors import ConfigError
 
 GB = 10**9
@@ -66,12 +67,12 @@ def test_free_is_memory_less_loaded() -> None:
 
 
 def test_parse_peers_like_llmman_host() -> None:
-    peers = parse_peers(" asahi, spark:9000 ,https://10.0.0.5, ,http://[::1]")
+    peers = parse_peers(split_list(" asahi, spark:9000 ,https://10.0.0.5, ,http://[::1]"))
     assert [str(p) for p in peers] == ["http://asahi:17434", "http://spark:9000", "https://10.0.0.5:443",
                                        "http://[::1]:80"]
-    assert parse_peers("") == ()
+    assert parse_peers(split_list("")) == ()
     with pytest.raises(ConfigError, match=r"aggregation\.peers"):
-        parse_peers("ftp://x")
+        parse_peers(split_list("ftp://x"))
 
 
 def test_parse_node_rejects_garbage() -> None:

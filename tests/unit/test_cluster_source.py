@@ -10,12 +10,12 @@ from llmman.cluster import copy
 from llmman.cluster.peers import parse_peers
 from llmman.cluster.placement import NodeView
 from llmman.cluster.source import configured_source, is_self, source_digest, storing_peer
-from llmman.config.table import parse_host
+from llmman.config.table import parse_host, split_list
 from llmman.errors import ConfigError
 from llmman.registry.client import RegistryClient, RegistryError
 from llmman.registry.manifests import sha256_digest
 
-PEERS = parse_peers("http://127.0.0.11:17500, https://Asahi:9000, [::1]:7000")
+PEERS = parse_peers(split_list("http://127.0.0.11:17500, https://Asahi:9000, [::1]:7000"))
 
 
 @pytest.mark.parametrize(("value", "client", "expected"), [
@@ -57,14 +57,15 @@ def test_storing_peer_is_a_configured_one() -> None:
 def test_empty_host_is_a_config_error() -> None:
     for text in ("http://", "https://:9000", ":9000", "a, http://"):
         with pytest.raises(ConfigError, match="names no host"):
-            parse_peers(text)
-    assert parse_peers("::1") == (parse_host("[::1]:17434"),)
+            parse_peers(split_list(text))
+    assert parse_peers(split_list("::1")) == (parse_host("[::1]:17434"),)
 
 
 def test_a_node_naming_itself_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
     own = parse_host("127.0.0.11:17500")
     with caplog.at_level(logging.INFO, "llmman.cluster"):
-        assert parse_peers("127.0.0.11:17500, 127.0.0.12:17500", own) == (parse_host("127.0.0.12:17500"),)
+        both = split_list("127.0.0.11:17500, 127.0.0.12:17500")
+        assert parse_peers(both, own) == (parse_host("127.0.0.12:17500"),)
     assert "127.0.0.11:17500 is this node itself" in caplog.text
     wildcard = parse_host("0.0.0.0:17500")
     assert is_self(parse_host("localhost:17500"), wildcard)

@@ -46,7 +46,7 @@ def build_app(services: Services) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[Middleware(CORSAndHostGuard, settings=services.settings), Middleware(CatchAll),
-                    Middleware(ApiKeys, keys=services.settings.api_keys)],
+                    Middleware(ApiKeys, keys=services.settings.api_key_list)],
         exception_handlers={
             LlmmanError: handle_llmman_error,
             HTTPException: handle_http_error,

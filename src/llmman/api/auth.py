@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterable
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -38,9 +39,9 @@ def unauthorized_body(path: str) -> bytes:
     return orjson.dumps({"error": MESSAGE})
 
 
-def digests(keys: str) -> tuple[bytes, ...]:
-    """The SHA-256 digests of the comma-separated ``keys`` (blank entries ignored)."""
-    return tuple(hashlib.sha256(k.strip().encode()).digest() for k in keys.split(",") if k.strip())
+def digests(keys: Iterable[str]) -> tuple[bytes, ...]:
+    """The SHA-256 digests of ``keys`` (``Settings.api_key_list``; blank entries ignored)."""
+    return tuple(hashlib.sha256(k.strip().encode()).digest() for k in keys if k.strip())
 
 
 def presented(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
@@ -68,7 +69,7 @@ def accepted(keys: tuple[bytes, ...], headers: list[tuple[bytes, bytes]]) -> boo
 class ApiKeys:
     """The middleware; a no-op when no keys are configured."""
 
-    def __init__(self, app: ASGIApp, keys: str) -> None:
+    def __init__(self, app: ASGIApp, keys: Iterable[str]) -> None:
         self.app = app
         self.keys = digests(keys)
 

@@ -54,9 +54,9 @@ MAX_AGE_S = 12 * 3600
 _LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 
 
-def origin_patterns(extra: str) -> tuple[str, ...]:
-    """The allowed-origin patterns: ``extra`` (comma-separated, blanks dropped) then the defaults."""
-    return tuple(p.strip() for p in extra.split(",") if p.strip()) + DEFAULT_ORIGINS
+def origin_patterns(extra: Iterable[str]) -> tuple[str, ...]:
+    """The allowed-origin patterns: ``extra`` (``Settings.origin_list``; blanks dropped) then the defaults."""
+    return tuple(p.strip() for p in extra if p.strip()) + DEFAULT_ORIGINS
 
 
 def origin_allowed(origin: str, patterns: Iterable[str]) -> bool:
@@ -108,7 +108,7 @@ class CORSAndHostGuard:
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
-        self.patterns = origin_patterns(settings.allowed_origins)
+        self.patterns = origin_patterns(settings.origin_list)
         self.allow_all = "*" in self.patterns
         self.guard = settings.host.is_loopback()
         self.hostname = socket.gethostname()

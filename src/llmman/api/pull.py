@@ -33,7 +33,6 @@ from llmman.errors import BadRequest, LlmmanError, ModelNotFound, NotFound, NotI
 from llmman.protocol.ollama.fields import parse_json_body
 from llmman.refs import parse_reference
 from llmman.registry.puller import Emit, Puller
-from llmman.registry.push import push as push_model
 from llmman.store import derive_model
 from llmman.store.layout import digest_hex
 
@@ -121,8 +120,8 @@ async def push(request: Request) -> Response:
     insecure, stream = _flags(body)
     if services.store.find(ref) is None:
         raise ModelNotFound(name)
-    creds = _puller(services).credentials
-    return await _run(lambda emit: push_model(services.store, ref, creds, emit, insecure=insecure), stream)
+    puller = _puller(services)
+    return await _run(lambda emit: puller.push(ref, emit, insecure=insecure), stream)
 
 
 def _digest(request: Request) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from llmman.config.table import HostAddress
 from llmman.refs import Reference
-from llmman.registry.client import RegistryClient, RegistryError
+from llmman.registry.client import RegistryClient, RegistryError, RegistryOptions
 from llmman.registry.manifests import sha256_digest
 from llmman.registry.puller import Puller
 from llmman.store import StoredModel
@@ -34,8 +34,9 @@ class _PeerRegistry(RegistryClient):
     """A peer's ``/v2/`` with the peer key on every request, blob downloads included (they go through
     :meth:`auth_headers`, not the httpx client's default headers)."""
 
-    def __init__(self, address: HostAddress, api_key: str, digest: str = "") -> None:
-        super().__init__(address.netloc, insecure=address.scheme == "http")
+    def __init__(self, address: HostAddress, api_key: str, digest: str = "",
+                 options: RegistryOptions | None = None) -> None:
+        super().__init__(address.netloc, insecure=address.scheme == "http", options=options)
         self._peer_key = api_key
         self._digest = digest
 
@@ -65,7 +66,7 @@ def copy_from_peer(puller: Puller, ref: Reference, source: PullSource) -> Stored
             other than ``source.digest``.
     """
     address = source.address
-    client = _PeerRegistry(address, source.api_key, source.digest)
+    client = _PeerRegistry(address, source.api_key, source.digest, puller.options)
     try:
         log.info("copying %s from peer %s", ref, address.netloc)
         return puller.pull_via(ref, client)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -33,8 +33,9 @@ RETRY_S = 2.0
 HOP = "x-llmman-hop"
 
 
-def parse_peers(text: str, own: HostAddress | None = None) -> tuple[HostAddress, ...]:
-    """``asahi, spark:17434, https://10.0.0.5`` -> addresses (port 17434 by default, 80/443 with a scheme).
+def parse_peers(entries: Iterable[str], own: HostAddress | None = None) -> tuple[HostAddress, ...]:
+    """``("asahi", "spark:17434", "https://10.0.0.5")`` (``Settings.peer_list``) -> addresses (port 17434 by
+    default, 80/443 with a scheme).
 
     An entry that is this node itself (``own``, its ``LLMMAN_HOST``; see :func:`source.is_self`) is
     dropped with a log line: a node forwarding to itself would only loop.
@@ -44,7 +45,7 @@ def parse_peers(text: str, own: HostAddress | None = None) -> tuple[HostAddress,
             (``http://``), naming it.
     """
     peers: list[HostAddress] = []
-    for part in text.split(","):
+    for part in entries:
         if part.strip():
             hostport = part.strip().strip("\"'").split("://", 1)[-1].split("/", 1)[0]
             if not hostport or (hostport.startswith(":") and hostport.count(":") == 1):
