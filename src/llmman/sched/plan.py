@@ -1,8 +1,8 @@
 """What the scheduler is asked to run: a model's plan, the child it gets, and the launcher contract.
 
 :class:`ModelPlan` is resolved from the store by the gateway; :data:`Launcher` starts a child for it
-(runner.process.LlamaServerProcess in the daemon, fakes in tests); :class:`Runner` is what the
-scheduler needs of that child.
+(runner.process.LlamaServerProcess in the daemon, fakes in tests); :class:`Runner` is all the
+scheduler and the gateway read of that child.
 """
 
 from __future__ import annotations
