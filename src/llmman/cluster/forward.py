@@ -1,9 +1,10 @@
 """Sending a request on to a peer: the same method, path and bytes, plus ``x-llmman-hop: 1``.
 
-The client's own credentials never travel (the peer key does, see :class:`Peers.headers`), nor do
-hop-by-hop headers. :func:`open_forward` returns once the peer's status line arrived, so a failure
-before that can still be retried on the next candidate (api/inference.py); a failure after it ends
-the stream with the dialect's in-band frame (api/relay.py).
+Only the client headers a peer needs travel (:data:`PASSED`): never its credentials (the peer key does,
+see :class:`Peers.headers`), cookies, proxy credentials or hop-by-hop headers. :func:`open_forward`
+returns once the peer's status line arrived, so a failure before that can still be retried on the next
+candidate (api/inference.py); a failure after it ends the stream with the dialect's in-band frame
+(api/relay.py).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from llmman.cluster.peers import PROBE_TIMEOUT_S, Peers
 from llmman.cluster.source import SOURCE, SOURCE_DIGEST
 from llmman.config.table import HostAddress
 
-_DROP = frozenset({
-    "host", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade",
-    "proxy-connection", "authorization", "x-api-key", "x-goog-api-key", "x-llmman-hop", "accept-encoding",
-    SOURCE, SOURCE_DIGEST,
+#: The client headers a peer needs to serve the request the same way; every other one stays here
+#: (cookies, proxy credentials, the client's own API key, hop-by-hop headers, a source the client wrote).
+PASSED = frozenset({
+    "content-type", "accept", "user-agent", "anthropic-version", "anthropic-beta", "openai-beta",
+    "x-request-id", "traceparent", "tracestate", "origin",
 })
 RESPONSE_DROP = frozenset({
     "connection", "keep-alive", "transfer-encoding", "content-length", "server", "date",
@@ -28,9 +30,10 @@ RESPONSE_DROP = frozenset({
 
 def forward_headers(client_headers: Iterable[tuple[str, str]], peers: Peers,
                     source: str | None = None, digest: str = "") -> dict[str, str]:
-    """The headers sent to the peer: the client's, less hop-by-hop, credentials and any source the
-    client wrote, plus ours (``source`` and its manifest ``digest`` when we know where to copy from)."""
-    out = {k: v for k, v in client_headers if k.lower() not in _DROP}
+    """The headers sent to the peer: the client's that the peer needs (:data:`PASSED`; never cookies,
+    credentials or hop-by-hop headers), plus ours (the hop mark and peer key, ``source`` and its manifest
+    ``digest`` when we know where to copy from)."""
+    out = {k: v for k, v in client_headers if k.lower() in PASSED}
     out.update(peers.headers())
     out["Accept-Encoding"] = "identity"
     if source:
