@@ -102,16 +102,18 @@ class Downloader:
             h.update(chunk)
         os.lseek(fd, offset, os.SEEK_SET)
         progress(offset)
+        state = _Resume(offset, h)
         for attempt in range(ATTEMPTS):
             try:
-                offset, h = self._stream(client, repository, digest, size, fd, offset, h, progress)
+                self._stream(client, repository, digest, size, fd, state, progress)
                 break
             except (RegistryUnavailable, httpx.TransportError) as exc:
                 if attempt == ATTEMPTS - 1:
                     raise RegistryUnavailable(f"blob {digest[:19]}: {exc} (after {ATTEMPTS} attempts)"
                                               ) from exc
                 delay = BACKOFF_S * 2**attempt * random.uniform(0.75, 1.25)
-                log.warning("blob %s: %s; retrying in %.1fs from byte %d", digest[:19], exc, delay, offset)
+                log.warning("blob %s: %s; retrying in %.1fs from byte %d", digest[:19], exc, delay,
+                            state.offset)
                 time.sleep(delay)
             except StoreError:
                 _drop(path)
@@ -123,7 +125,7 @@ class Downloader:
                                      f"blob {digest[:19]} ({size} bytes); free some space (`llmman rm`) "
                                      "and pull again", status=507) from exc
                 raise
-        got = f"sha256:{h.hexdigest()}"
+        offset, got = state.offset, f"sha256:{state.h.hexdigest()}"
         if offset != size or got != digest:
             _drop(path)
             raise StoreError(f"blob {digest} failed verification: got {offset} bytes with digest {got}, "
@@ -132,21 +134,31 @@ class Downloader:
         self.store.layout.publish_file(path, digest)
 
     def _stream(self, client: RegistryClient, repository: str, digest: str, size: int, fd: int,
-                offset: int, h: hashlib._Hash, progress: Progress) -> tuple[int, hashlib._Hash]:
-        """One GET from ``offset``; appends to ``fd``. Returns the new offset and hash state."""
-        if offset == size:
-            return offset, h
+                state: _Resume, progress: Progress) -> None:
+        """One GET from ``state.offset``, appending to ``fd``. ``state`` holds what the file and the
+        hash agree on afterwards, also when the GET failed part-way: the retry resumes from there."""
+        if state.offset == size:
+            return
         path = f"/v2/{repository}/blobs/{digest}"
         scope = f"repository:{repository}:pull"
         with client.request("HEAD", path, scope=scope) as response:  # settles auth; 404 = no such blob
             check(response, f"blob {digest[:19]}")
+        offset = state.offset
+        os.lseek(fd, offset, os.SEEK_SET)
         headers = {**client.auth_headers(scope), **({"Range": f"bytes={offset}-"} if offset else {})}
-        body = _Body(fd, offset, h, size, digest, progress, client.stall_timeout)
+        body = _Body(fd, offset, state.h, size, digest, progress, client.stall_timeout)
         try:
             get_blob(client, path, headers, body.open)
         finally:
             body.close()
-        return body.offset, body.h
+            state.offset, state.h = body.offset, body.h
+
+
+class _Resume:
+    """Where a download stands across attempts: ``offset`` bytes are in the partial file and in ``h``."""
+
+    def __init__(self, offset: int, h: hashlib._Hash) -> None:
+        self.offset, self.h = offset, h
 
 
 class _Body:

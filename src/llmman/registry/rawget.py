@@ -78,6 +78,9 @@ def get_blob(client: RegistryClient, path: str, headers: dict[str, str],
                 except (OSError, http.client.HTTPException) as exc:
                     raise RegistryUnavailable(f"{parts.netloc}: {exc or type(exc).__name__}") from exc
                 if not n:
+                    if response.length:  # http.client's readinto ends short bodies silently
+                        raise RegistryUnavailable(f"{parts.netloc}: connection closed with "
+                                                  f"{response.length} bytes still to come")
                     return status
                 sink.push(n)
         finally:
