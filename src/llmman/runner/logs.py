@@ -4,16 +4,24 @@ llama-server logs asynchronously through a bounded queue and blocks when its pip
 (llama.cpp ``common/log.cpp``), so the owner reads the pipes continuously and hands every chunk
 here. Chunks are split into lines per stream; a line without a newline yet (llama.cpp prints progress
 dots) stays pending until its newline, EOF, or :data:`MAX_PENDING` bytes.
+
+Writing the file never stops supervision: a log file system that is full or failing (ENOSPC, EIO) only
+loses the lines that cannot be written. The pipes are still drained and the ring still fills, every
+later line is tried again (so the file resumes once there is room), and the daemon's log says so once
+per child (:data:`logger`), not once per line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO
+
+logger = logging.getLogger(__name__)
 
 MAX_PENDING = 64 * 1024  # bytes of an unterminated line kept before it is flushed as a line
 _READ_CHUNK = 64 * 1024
@@ -23,20 +31,28 @@ class ChildLog:
     """Recent output lines of one child (at most ``ring_lines``) and its log file at ``path``.
 
     Not thread-safe; used from the event loop only. Writing after :meth:`close` only updates the ring.
+    No method raises for a failing log file (see the module docstring); ``dropped`` counts the lines lost.
     """
 
     def __init__(self, path: Path, *, ring_lines: int) -> None:
         self.path = path
         self._ring: collections.deque[str] = collections.deque(maxlen=max(1, ring_lines))
         self._pending: dict[str, bytes] = {}
-        self._file: TextIO | None = None
+        self._file: BinaryIO | None = None
         self.count = 0  # lines added since creation (the ring keeps only the last ones)
+        self.dropped = 0  # lines (and llmman notes) that could not be written to the file
+        self._warned = False
 
     def open(self) -> None:
-        """Open the log file for appending, creating its directory (a missing parent must not lose logs)."""
+        """Open the log file for appending, creating its directory (a missing parent must not lose logs).
+        A file that cannot be opened leaves the ring only (said once in the daemon log)."""
         if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8", errors="replace")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                # Unbuffered: a write that fails loses that text only, never a buffer retried forever.
+                self._file = self.path.open("ab", buffering=0)
+            except OSError as exc:
+                self._failed(exc)
 
     def note(self, text: str) -> None:
         """Write one llmman line (start, exit, stop markers) to the file only, with a UTC timestamp."""
@@ -81,8 +97,11 @@ class ChildLog:
     def close(self) -> None:
         """Close the log file; idempotent."""
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError as exc:
+                self._failed(exc)
 
     def _add(self, raw: bytes) -> None:
         line = raw.decode("utf-8", errors="replace").rstrip("\r")
@@ -92,5 +111,14 @@ class ChildLog:
 
     def _write(self, text: str) -> None:
         if self._file is not None:
-            self._file.write(text)
-            self._file.flush()
+            try:
+                self._file.write(text.encode("utf-8", errors="replace"))
+            except OSError as exc:
+                self.dropped += 1
+                self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if not self._warned:
+            self._warned = True
+            logger.warning("cannot write the llama-server log %s (%s): its output is still read, but "
+                           "what cannot be written is dropped", self.path, exc.strerror or exc)

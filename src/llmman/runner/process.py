@@ -339,23 +339,29 @@ class LlamaServerProcess:
     async def _stop(self, grace: float) -> None:
         async with self._spawn_lock:  # no spawn can be half done while we look at the child
             self._stop_requested = True
-        self._cancel_health()
         child = self._child
-        if child is not None:
-            self._state = RunnerState.STOPPING
-            if child.proc.returncode is None:
-                self._log.note(f"stopping: SIGTERM, {grace:g} s grace")
-                signal_group(child, signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(child.done.wait(), grace)
-                except TimeoutError:
-                    self._log.note("still running after the grace period: SIGKILL")
-                    signal_group(child, signal.SIGKILL)
-            await child.done.wait()
-            self._log.note(f"stopped, exit code {child.proc.returncode}")
-        self._state = RunnerState.STOPPED
-        self._log.close()
-        self.exited.set()
+        try:
+            self._cancel_health()
+            if child is not None:
+                self._state = RunnerState.STOPPING
+                if child.proc.returncode is None:
+                    signal_group(child, signal.SIGTERM)  # first: nothing before it may keep the child
+                    self._log.note(f"stopping: SIGTERM, {grace:g} s grace")
+                    try:
+                        await asyncio.wait_for(child.done.wait(), grace)
+                    except TimeoutError:
+                        self._log.note("still running after the grace period: SIGKILL")
+                        signal_group(child, signal.SIGKILL)
+                await child.done.wait()
+                self._log.note(f"stopped, exit code {child.proc.returncode}")
+        finally:
+            # Whatever failed above (or a cancelled caller: stop() shields this task), the group ends.
+            if child is not None and not child.done.is_set():
+                signal_group(child, signal.SIGKILL)
+                await asyncio.shield(child.done.wait())
+            self._state = RunnerState.STOPPED
+            self._log.close()
+            self.exited.set()
 
     async def wait_exit(self) -> int:
         """Wait until the child has exited and return its exit status (negative = signal number).
