@@ -12,6 +12,7 @@ ends, fails or the client goes away. See docs/architecture.md.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -41,6 +42,11 @@ class ResolvedModel:
     requested: str
     reference: Reference
     stored: StoredModel
+
+
+def fingerprint(path: str, body: bytes) -> str:
+    """A request's identity for the poison-request rules (llmman.sched.healing): its route and bytes."""
+    return hashlib.sha256(path.encode() + b"\0" + body).hexdigest()[:32]
 
 
 async def _exited(runner: Runner, *, within: float) -> bool:
@@ -74,17 +80,24 @@ class UpstreamExchange:
         """
         try:
             async for chunk in self._response.content.iter_any():
+                self.lease.progressed()  # tokens flowing: the child is alive (runner.health)
                 yield chunk
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            self.lease.broke()
             raise RunnerError(f"llama-server for {self.lease.reference} stopped mid-answer: {exc}") from exc
         finally:
             self.close()
 
     async def read(self) -> bytes:
-        """The whole body (for small error bodies); closes the exchange."""
+        """The whole body (a non-streamed answer, an error body); closes the exchange.
+
+        Raises:
+            RunnerError: the child closed the connection before the end (it crashed or was killed).
+        """
         try:
             return await self._response.read()
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            self.lease.broke()
             raise RunnerError(f"llama-server for {self.lease.reference} stopped mid-answer: {exc}") from exc
         finally:
             self.close()
@@ -212,15 +225,15 @@ class Gateway:
         )
 
     async def acquire(self, model: ResolvedModel, *, keep_alive: float | None, num_ctx: int | None,
-                      embedding: bool = False) -> Lease:
+                      embedding: bool = False, request: str | None = None) -> Lease:
         """Lease ``model``'s child (its embedding child if ``embedding``), loading it if needed (see
-        :meth:`Scheduler.acquire`)."""
+        :meth:`Scheduler.acquire`; ``request`` is the request's :func:`fingerprint`)."""
         plan = self.plan(model, num_ctx, embedding=embedding)
         preset = self._presets.get(model.stored.reference)
         if keep_alive is None and preset is not None and preset.keep_alive is not None and not preset.preload:
             # The preset's default for this model; a request's own wins. A preloaded model stays pinned.
             keep_alive = preset.keep_alive
-        return await self.scheduler.acquire(plan, keep_alive=keep_alive)
+        return await self.scheduler.acquire(plan, keep_alive=keep_alive, request=request)
 
     async def open(
         self,
@@ -237,12 +250,21 @@ class Gateway:
 
         The caller owns the returned exchange and must consume or close it.
 
+        A request is sent at most once: it is tried again (on a fresh child) only when it provably never
+        reached the child, i.e. the connection was refused because the child had died a moment before.
+        Once sent, a child that dies before its status line is a RunnerError at once, never a replay: a
+        request that crashes llama-server would crash the fresh child too, and a poison request is
+        refused after two crashes (llmman.sched.healing).
+
         Raises:
-            ModelNotFound, RunnerError: as :meth:`acquire`; RunnerError also when the child
-                refuses the connection (it died between the lease and the request).
+            ModelNotFound, RunnerError: as :meth:`acquire`; RunnerError also when the child refuses
+                the connection (it died between the lease and the request) or drops it.
+            ServiceUnavailable: this very request crashed the child too often (503, Retry-After).
         """
+        request = fingerprint(path, body)
         for attempt in (1, 2):
-            lease = await self.acquire(model, keep_alive=keep_alive, num_ctx=num_ctx, embedding=embedding)
+            lease = await self.acquire(model, keep_alive=keep_alive, num_ctx=num_ctx, embedding=embedding,
+                                       request=request)
             try:
                 response = await self._session.post(
                     lease.base_url + path,
@@ -250,7 +272,7 @@ class Gateway:
                     headers={"Content-Type": content_type, "Accept-Encoding": "identity"},
                     auto_decompress=False,
                 )
-            except aiohttp.ClientConnectionError as exc:
+            except aiohttp.ClientConnectorError as exc:  # no connection: nothing of the request was sent
                 lease.release()
                 # The child may have died a moment ago (killed, crashed) and not been reaped yet: once
                 # its exit is recorded the scheduler forgets it, and a second try loads a new one.
@@ -258,6 +280,11 @@ class Gateway:
                     log.info("llama-server for %s had exited; loading it again", lease.reference)
                     continue
                 raise RunnerError(f"llama-server for {lease.reference} is not answering: {exc}") from exc
+            except aiohttp.ClientConnectionError as exc:  # connected and sent: the child dropped it
+                lease.broke()
+                lease.release()
+                raise RunnerError(f"llama-server for {lease.reference} stopped before answering (it crashed "
+                                  f"or was killed: {exc}); the request is not sent again") from exc
             except aiohttp.ClientError as exc:
                 lease.release()
                 raise RunnerError(f"llama-server for {lease.reference} is not answering: {exc}") from exc

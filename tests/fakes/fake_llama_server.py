@@ -18,6 +18,10 @@ Environment variables:
                                cache does not fit (``ggml_aligned_malloc: insufficient memory ...``, exit 1).
     FAKE_SILENT_HANG=1         print nothing at all and never become ready (stall-timeout tests).
     FAKE_CRASH_AFTER_TOKENS=N  SIGKILL itself after sending N generated tokens in one response.
+    FAKE_CRASH_ON=TEXT         SIGKILL itself on receiving a POST whose body contains TEXT, before any byte
+                               of the answer (a poison request, as a grammar llama-server cannot parse).
+    FAKE_HEALTH_MUTE=1         leave ``/health`` unanswered while any generation runs (as llama-server
+                               under many streams, its HTTP threads all busy), answering once none does.
     FAKE_IGNORE_SIGTERM=1      ignore SIGTERM (only SIGKILL stops it). Otherwise SIGTERM exits 0.
     FAKE_TOKEN_DELAY=S         seconds between generated tokens; default 0.
     FAKE_REPLY=TEXT            the answer; default "Hello from the fake llama-server.". Tokens are its
@@ -260,6 +264,8 @@ class Handler(BaseHTTPRequestHandler):
         if not State.ready.is_set():
             return self.send_json(503, LOADING_BODY)
         if path in ("/health", "/v1/health"):
+            while os.environ.get("FAKE_HEALTH_MUTE") == "1" and State.stats()["active"]:
+                time.sleep(0.01)
             return self.send_json(200, {"status": "ok"})
         if path == "/props":
             return self.send_json(200, {
@@ -283,6 +289,10 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if not State.ready.is_set():
             return self.send_json(503, LOADING_BODY)
+        poison = os.environ.get("FAKE_CRASH_ON")
+        if poison and poison.encode() in raw:
+            log(f"srv  fake: crashing on a request containing {poison!r} (FAKE_CRASH_ON)")
+            os.kill(os.getpid(), signal.SIGKILL)
         chat = path in ("/v1/chat/completions", "/chat/completions")
         if not chat and path != "/v1/completions":
             return self.send_error_json(404, "File Not Found", "not_found_error")

@@ -2,7 +2,9 @@
 
 :class:`Healer` keeps one :class:`~llmman.sched.healing.Failure` per table key, refuses requests for a model
 that is cooling down (503 with ``Retry-After`` instead of a child per request), logs each failure with
-its classified cause, and runs the delayed restarts the scheduler asks for.
+its classified cause, and runs the delayed restarts the scheduler asks for. It also keeps the
+requests suspected of crashing a model (:class:`~llmman.sched.healing.Suspicion`, by fingerprint) and
+refuses a poison one (:meth:`Healer.check_request`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from llmman.errors import ServiceUnavailable
 from llmman.sched import healing
-from llmman.sched.healing import Failure
+from llmman.sched.healing import Failure, Suspicion
 
 log = logging.getLogger("llmman.sched.scheduler")
 
@@ -31,6 +33,7 @@ class Healer:
         self._scale = base / healing.BASE_S
         self._clock = clock
         self.failures: dict[str, Failure] = {}
+        self.suspects: dict[str, dict[str, Suspicion]] = {}  # table key -> request fingerprint -> record
         self._tasks: set[asyncio.Task[None]] = set()
 
     def check(self, key: str, reference: str) -> None:
@@ -49,6 +52,41 @@ class Healer:
                 f"model {reference} {failure.reason()}; not retrying for {wait} s: {failure.message}",
                 code="model_cooling_down", retry_after=wait,
             )  # fmt: skip
+
+    def check_request(self, key: str, fingerprint: str | None, reference: str) -> None:
+        """Refuse a request whose fingerprint crashed ``key``'s child too often (healing rules).
+
+        Raises:
+            ServiceUnavailable: code ``request_crashed_model``, with ``Retry-After``.
+        """
+        if fingerprint is None:
+            return
+        suspicion = self.suspects.get(key, {}).get(fingerprint)
+        if suspicion is None:
+            return
+        remaining = suspicion.refused_until(self._scale) - self._clock()
+        if remaining > 0:
+            wait = healing.retry_after(remaining)
+            raise ServiceUnavailable(
+                f"this request was in flight each time llama-server for {reference} crashed "
+                f"({suspicion.strikes} times, last: {suspicion.cause}); it is not sent again for {wait} s",
+                code="request_crashed_model", retry_after=wait,
+            )  # fmt: skip
+
+    def suspected(self, key: str, fingerprints: set[str], *, cause: str) -> None:
+        """``key``'s child crashed with the requests ``fingerprints`` in flight (or cut by it)."""
+        now = self._clock()
+        known = self.suspects.setdefault(key, {})
+        for fingerprint, suspicion in list(known.items()):  # forget what no longer matters
+            if suspicion.refused_until(self._scale) < now and \
+                    now - suspicion.last > healing.POISON_WINDOW_S * self._scale:
+                del known[fingerprint]
+        for fingerprint in fingerprints:
+            suspicion = healing.suspect(known.get(fingerprint), cause=cause, now=now, scale=self._scale)
+            known[fingerprint] = suspicion
+            if suspicion.strikes >= healing.POISON_AFTER:
+                log.warning("%s: a request was in flight for %d crashes in a row; refusing it for %.0f s",
+                            key, suspicion.strikes, suspicion.refused_until(self._scale) - now)
 
     def _record(self, key: str, *, cause: str, message: str, uptime: float | None) -> Failure:
         failure = healing.record(self.failures.get(key), cause=cause, message=message, now=self._clock(),

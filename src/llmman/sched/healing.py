@@ -18,6 +18,14 @@ request, which is what these rules prevent):
   after ``backoff(n)``, unless the breaker is open: after :data:`BREAKER_AFTER` failures in a row
   nothing restarts it by itself any more (requests still try once per cool-down of CAP_S seconds).
 - An out-of-memory load is retried once at once with half the context (never below MIN_CTX tokens).
+- A request is never replayed once it reached a child (llmman.gateway.Gateway.open). Every request in
+  flight on a child when it died (or cut by its death) is a *suspect* of that crash, named by its
+  fingerprint (the route and body bytes). A fingerprint suspected of :data:`POISON_AFTER` crashes
+  within :data:`POISON_WINDOW_S` seconds of each other is a poison request: the same bytes are refused
+  with 503 and ``Retry-After`` for ``backoff(strikes - POISON_AFTER + 1, POISON_BASE_S)`` seconds
+  without reaching the child, so one client repeating it cannot keep taking the model down for
+  everyone. Other requests are not affected (a crash still counts toward the model's breaker, but a
+  refused request causes none).
 """
 
 from __future__ import annotations
@@ -31,6 +39,10 @@ CAP_S = 60.0  # longest cool-down, seconds
 STABLE_S = 60.0  # served this long without failing: the failure count starts again
 BREAKER_AFTER = 5  # failures in a row after which automatic restarts stop
 MIN_CTX = 256  # smallest context an out-of-memory retry goes down to, tokens
+POISON_AFTER = 2  # crashes a request was in flight for before it is refused
+POISON_WINDOW_S = 600.0  # a suspicion older than this (since its last crash) is forgotten, seconds
+POISON_BASE_S = 60.0  # first refusal of a poison request, seconds (doubling at each crash after)
+POISON_CAP_S = 3600.0  # longest refusal of a poison request, seconds
 
 
 def backoff(failures: int, base: float = BASE_S) -> float:
@@ -100,3 +112,32 @@ def record(previous: Failure | None, *, cause: str, message: str, now: float, up
 def should_restart(failure: Failure, *, pinned: bool, busy: bool) -> bool:
     """Restart a model that crashed while serving by itself? Only pinned or busy ones, breaker shut."""
     return (pinned or busy) and not failure.broken
+
+
+@dataclass
+class Suspicion:
+    """One request fingerprint's share in a model's crashes.
+
+    Attributes:
+        strikes: crashes it was in flight for, within POISON_WINDOW_S of each other.
+        last: monotonic time of the latest of them.
+        cause: the latest crash's cause.
+    """
+
+    strikes: int
+    last: float
+    cause: str
+
+    def refused_until(self, scale: float = 1.0) -> float:
+        """Monotonic time until which the request is refused (``last`` when it is not poison)."""
+        if self.strikes < POISON_AFTER:
+            return self.last
+        n = self.strikes - POISON_AFTER + 1
+        return self.last + min(POISON_BASE_S * 2.0 ** min(n - 1, 32), POISON_CAP_S) * scale
+
+
+def suspect(previous: Suspicion | None, *, cause: str, now: float, scale: float = 1.0) -> Suspicion:
+    """The record after one more crash with the request in flight (a stale one starts again)."""
+    if previous is None or now - previous.last > POISON_WINDOW_S * scale:
+        return Suspicion(strikes=1, last=now, cause=cause)
+    return Suspicion(strikes=previous.strikes + 1, last=now, cause=cause)

@@ -95,22 +95,27 @@ class Scheduler:
 
     # -- requests ---------------------------------------------------------------------------
 
-    async def acquire(self, plan: ModelPlan, *, keep_alive: float | None = None) -> Lease:
+    async def acquire(self, plan: ModelPlan, *, keep_alive: float | None = None,
+                      request: str | None = None) -> Lease:
         """Return a lease on ``plan``'s model, loading it first if needed.
 
         Args:
             plan: the resolved model; ``plan.reference`` keys the table.
             keep_alive: seconds from the request (None = keep the model's current value, or the
                 daemon default for a new load); overwrites the loaded model's value as Ollama does.
+            request: the request's fingerprint (llmman.gateway.fingerprint), suspected when the child
+                crashes while it is in flight; a poison one is refused (llmman.sched.healing).
 
         Raises:
             RunnerError: the child failed to start (its last log lines are in the message).
             LlmmanError: the daemon is shutting down (503).
+            ServiceUnavailable: ``request`` crashed the model's child too often (503, Retry-After).
         """
         started = time.monotonic()
         while True:
             if self._closed:
                 raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
+            self.healer.check_request(plan.key, request, plan.reference)
             entry = self._lookup(plan.key, plan.child)
             if (entry is not None and entry.ready and max(entry.plan.n_ctx, entry.oom_ctx) < plan.n_ctx
                     and entry.refcount == 0):
@@ -146,7 +151,7 @@ class Scheduler:
                 # The model died or was unloaded between ready and now: start over.
                 entry.refcount -= 1
                 continue
-            return Lease(self._release, entry, runner, time.monotonic() - started)
+            return Lease(self._release, entry, runner, time.monotonic() - started, request)
 
     def _lookup(self, key: str, child: ChildKey | None = None) -> LoadedModel | None:
         """The entry for table key ``key``: its own, else one already serving it, else (with ``child``,
@@ -258,6 +263,7 @@ class Scheduler:
         cause = runner.exit_detail or classified  # the fuller one where known: "hung (no /health answer ...)"
         failure = self.healer.crashed(entry.plan.key, cause=cause, message="\n".join(runner.log_tail(5)),
                                       uptime=self._clock() - entry.started_at)
+        self.healer.suspected(entry.plan.key, entry.suspects(), cause=cause)
         pinned, busy = math.isinf(entry.keep_alive), entry.refcount > 0
         if healing.should_restart(failure, pinned=pinned, busy=busy):
             self._restart_later(entry.plan, entry.keep_alive, self.healer.delay(failure))

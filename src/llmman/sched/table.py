@@ -8,6 +8,7 @@ a :class:`Lease` is one request's hold on an entry.
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,14 @@ class LoadedModel:
     usage_device: int = 0
     oom_ctx: int = 0  # the context that ran out of memory (plan.n_ctx is then the smaller one that fit)
     sharers: set[str] = field(default_factory=set)  # other table keys served by this child (ModelPlan.child)
+    # Request fingerprints (Lease.request) now in flight, and those cut by a broken child connection:
+    # the suspects when this child crashes (llmman.sched.healing).
+    inflight: collections.Counter[str] = field(default_factory=collections.Counter)
+    broken: set[str] = field(default_factory=set)
+
+    def suspects(self) -> set[str]:
+        """The fingerprints of the requests in flight, or cut short, on this entry's child."""
+        return {fp for fp, n in self.inflight.items() if n > 0} | self.broken
 
     @property
     def ready(self) -> bool:
@@ -76,22 +85,41 @@ class Lease:
         reference: the canonical reference of the model.
         load_duration: seconds spent waiting for the model (queue + load), for Ollama's
             ``load_duration``.
+        request: the fingerprint of the request this lease serves (the gateway's), or None.
     """
 
     def __init__(self, release: Callable[[LoadedModel], None], entry: LoadedModel, runner: Runner,
-                 load_duration: float) -> None:
+                 load_duration: float, request: str | None = None) -> None:
         self._release = release
         self._entry = entry
         self.base_url = runner.base_url
         self.reference = entry.plan.reference
         self.load_duration = load_duration
         self.runner = runner
+        self.request = request
         self._released = False
+        self._progressed: Callable[[], None] | None = getattr(runner, "progressed", None)
+        if request is not None:
+            entry.inflight[request] += 1
+
+    def progressed(self) -> None:
+        """Bytes came from the child for this lease: it is alive (runner.health's progress)."""
+        if self._progressed is not None:
+            self._progressed()
+
+    def broke(self) -> None:
+        """The connection to the child broke under this request (a crash is then suspected of it)."""
+        if self.request is not None:
+            self._entry.broken.add(self.request)
 
     def release(self) -> None:
         """Drop the hold; starts the keep-alive timer when it was the last one. Idempotent."""
         if not self._released:
             self._released = True
+            if self.request is not None:
+                self._entry.inflight[self.request] -= 1
+                if self._entry.inflight[self.request] <= 0:
+                    del self._entry.inflight[self.request]
             self._release(self._entry)
 
     async def __aenter__(self) -> Lease:
