@@ -134,9 +134,11 @@ def _digest(request: Request) -> str:
 
 
 async def blob_head(request: Request) -> Response:
-    """``HEAD /api/blobs/:digest``: 200 when the store has it, else 404."""
+    """``HEAD /api/blobs/:digest``: 200 when the store has it, verified (a client skips the upload on
+    200), else 404."""
     services: Services = request.app.state.services
-    return Response(status_code=200 if services.store.has_blob(_digest(request)) else 404)
+    state = await asyncio.to_thread(services.store.layout.verify_blob, _digest(request))
+    return Response(status_code=200 if state == "ok" else 404)
 
 
 async def blob_upload(request: Request) -> Response:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from llmman.api import pull, v2
+from llmman.api import pull, v2, verify
 
 
 def transfer_routes() -> list[Route]:
@@ -15,6 +15,7 @@ def transfer_routes() -> list[Route]:
         Route("/api/create", pull.create, methods=["POST"]),
         Route("/api/blobs/{digest}", pull.blob_head, methods=["HEAD"]),
         Route("/api/blobs/{digest}", pull.blob_upload, methods=["POST"]),
+        Route("/api/verify", verify.verify, methods=["POST"]),
         Route("/v2/", v2.base, methods=["GET", "HEAD"]),
         Route("/v2/{path:path}", v2.route, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]),
     ]

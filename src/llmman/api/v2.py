@@ -7,13 +7,18 @@ the stored references' repository (``ai/smollm2``) or ``registry/repository``
 ``GET|HEAD /v2/<name>/blobs/<digest>`` serves any blob a stored manifest of that name reaches, honouring
 ``Range`` per RFC 9110 (206; an invalid header is ignored, an unsatisfiable one is 416, see
 :mod:`llmman.api.byteranges`). ``GET /v2/<name>/tags/list`` lists the name's tags in lexical order, with
-the spec's ``n``/``last`` pagination and a ``Link: <...>; rel="next"`` header when more remain. Errors use
+the spec's ``n``/``last`` pagination and a ``Link: <...>; rel="next"`` header when more remain. A blob is
+served only when it is verified (:meth:`llmman.store.layout.Layout.verify_blob`: unchanged since its bytes
+were last hashed, else hashed now); a corrupt one is removed and answered 404 ``BLOB_UNKNOWN``, so a peer
+copying it falls back to the model's registry. Errors use
 the spec's JSON shape ``{"errors": [{"code", "message"}]}``. Writes are not offered (405). The same
 authentication as the rest of the API applies.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 from urllib.parse import urlencode
 
@@ -68,7 +73,7 @@ async def route(request: Request) -> Response:
     if (parts := _split(path, "manifests")) is not None:
         return _manifest(services, *parts)
     if (parts := _split(path, "blobs")) is not None:
-        return _blob(services, *parts, request.headers.get("range"))
+        return await _blob(services, *parts, request.headers.get("range"))
     if (parts := _split(path, "tags")) is not None and parts[1] == "list":
         return _tags(services, parts[0], request.query_params.get("n"), request.query_params.get("last"))
     return _error(404, "NAME_UNKNOWN", f"unknown path /v2/{path}")
@@ -96,6 +101,9 @@ def _manifest(services: Services, name: str, ref: str) -> Response:
         data = services.store.layout.read_blob(digest)
     except StoreError as exc:
         return _error(404, "MANIFEST_UNKNOWN", exc.message)
+    if f"sha256:{hashlib.sha256(data).hexdigest()}" != digest:
+        services.store.layout.verify_blob(digest, force=True)  # removes it
+        return _error(404, "MANIFEST_UNKNOWN", f"manifest {digest} failed verification")
     media = str(json.loads(data).get("mediaType") or "application/vnd.oci.image.manifest.v1+json")
     headers = {**API_HEADER, "Docker-Content-Digest": digest}
     return Response(data, media_type=media, headers=headers)
@@ -137,12 +145,15 @@ class _BlobFile(FileResponse):
         await super().__call__({**scope, "headers": headers}, receive, send)
 
 
-def _blob(services: Services, name: str, digest: str, range_header: str | None) -> Response:
+async def _blob(services: Services, name: str, digest: str, range_header: str | None) -> Response:
     models = _candidates(services, name)
     if not any(digest in descriptor_digests(m.manifest) or digest == m.digest for m in models):
         return _error(404, "BLOB_UNKNOWN", f"blob {digest} not found in {name}")
     try:
         path = services.store.blob_path(digest)
+        state = await asyncio.to_thread(services.store.layout.verify_blob, digest)
+        if state == "corrupt":
+            return _error(404, "BLOB_UNKNOWN", f"blob {digest} failed verification")
         size = path.stat().st_size
     except StoreError as exc:
         return _error(400, "DIGEST_INVALID", exc.message)

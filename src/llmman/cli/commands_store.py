@@ -1,6 +1,7 @@
-"""Verbs about stored models: ``list``/``ls``, ``rm``, ``tag``/``cp``, ``show``, ``inspect``, ``build``.
+"""Verbs about stored models: ``list``/``ls``, ``rm``, ``tag``/``cp``, ``show``, ``inspect``, ``build``,
+``verify``.
 
-``list``, ``rm``, ``tag`` and ``show`` go through the daemon when one answers (so ``rm`` unloads a
+``list``, ``rm``, ``tag``, ``show`` and ``verify`` go through the daemon when one answers (so ``rm`` unloads a
 loaded model first and the daemon's caches stay right), else they use the store directly. An explicit
 ``--store DIR`` always means that store, directly: the daemon may be serving another one. ``inspect``
 and ``build`` always work on the store.
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
     from llmman.gguf import GGUFInfo
     from llmman.store import Store
 
-__all__ = ["cmd_build", "cmd_inspect", "cmd_list", "cmd_rm", "cmd_show", "cmd_tag", "matches_filter"]
+__all__ = ["cmd_build", "cmd_inspect", "cmd_list", "cmd_rm", "cmd_show", "cmd_tag", "cmd_verify",
+           "matches_filter"]
 
 
 def _daemon(args: argparse.Namespace, settings: Settings) -> DaemonClient | None:
@@ -200,3 +202,58 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
     model = _store(settings).build(ref, path, dict(args.label))
     print(f"Built {ref} ({model.digest})")
     return 0
+
+
+def _verify_line(line: dict[str, Any], tally: dict[str, int]) -> None:
+    """Print one line of ``/api/verify`` (:mod:`llmman.registry.fsck`): bad blobs and repairs on stdout,
+    errors on stderr, good blobs only counted."""
+    from llmman.cli.commands_pull import _human
+
+    status = str(line.get("status") or "")
+    if line.get("error") and not status:
+        raise LlmmanError(str(line["error"]))
+    if status == "done":
+        tally.update(checked=int(line.get("checked") or 0), bad=int(line.get("bad") or 0),
+                     repaired=int(line.get("repaired") or 0))
+    elif status in ("corrupt", "missing"):
+        size = int(line.get("size") or 0)
+        models = ", ".join(str(m) for m in line.get("models") or [])
+        what = "corrupt (removed)" if status == "corrupt" else "missing"
+        print(f"{what:<18} {str(line.get('digest'))[:19]}  {_human(size) if size > 0 else '-':>9}  {models}")
+    elif status.startswith(("repairing ", "repaired ")):
+        print(status)
+    elif status.startswith("not repaired "):
+        print(f"{status}: {line.get('error')}", file=sys.stderr)
+
+
+def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    """``llmman verify [MODEL...] [--repair]``: hash every blob of the store (or of the models) against its
+    digest; report the bad ones; with ``--repair`` fetch them again. Exit 1 when any is still bad."""
+    refs = [_ref(text, settings) for text in args.models] or None
+    tally = {"checked": 0, "bad": 0, "repaired": 0}
+    client = _daemon(args, settings)
+    if client is not None:
+        with client:
+            body: dict[str, Any] = {"repair": bool(args.repair)}
+            if refs:
+                body["models"] = [str(r) for r in refs]
+            for line in client.ndjson_stream("/api/verify", body):
+                _verify_line(line, tally)
+    else:
+        from llmman.registry.fsck import verify_store
+
+        puller = None
+        if args.repair:
+            from llmman.registry.client import RegistryOptions
+            from llmman.registry.credentials import CredentialStore
+            from llmman.registry.puller import Puller
+
+            puller = Puller(_store(settings), CredentialStore.of(settings), offline=settings.offline,
+                            options=RegistryOptions.of(settings))
+        verify_store(_store(settings), refs, lambda line: _verify_line(line, tally), repair=args.repair,
+                     puller=puller)
+    bad, repaired = tally["bad"], tally["repaired"]
+    summary = f"{tally['checked']} blobs checked: "
+    summary += f"{bad} bad" if bad else "all good"
+    print(summary + (f", {repaired} repaired" if repaired else ""))
+    return 1 if bad else 0

@@ -39,6 +39,7 @@ _HANDLERS = {
     "show": "commands_store:cmd_show",
     "inspect": "commands_store:cmd_inspect",
     "build": "commands_store:cmd_build",
+    "verify": "commands_store:cmd_verify",
     "pull": "commands_pull:cmd_pull",
     "push": "commands_pull:cmd_push",
     "login": "commands_pull:cmd_login",
@@ -137,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--tag", required=True, metavar="REF")
     p.add_argument("-l", "--label", type=_label, action="append", default=[], metavar="K=V")
     p.add_argument("path", nargs="?", default=".", metavar="PATH")
+    p = _verb(sub, "verify", "Check every blob of the store (or of MODELs) against its digest", store=True)
+    p.add_argument("models", nargs="*", metavar="MODEL")
+    p.add_argument("--repair", action="store_true", help="fetch bad or missing blobs again")
     _transfer_verbs(sub)
 
     _verb(sub, "gpu-discover", "Show the accelerator, its memory and the figure llmman uses")

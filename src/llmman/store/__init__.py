@@ -7,11 +7,11 @@ See :mod:`llmman.store.catalog` (index entries), :mod:`llmman.store.layout` (blo
 
 from __future__ import annotations
 
-from llmman.store.catalog import Store, stored_name
+from llmman.store.catalog import BlobCheck, Store, stored_name
 from llmman.store.derive import ModelExtras, derive_model, read_extras
 from llmman.store.model import ModelFiles, StoredModel, layer_filename, layer_role
 
 __all__ = [
-    "ModelExtras", "ModelFiles", "Store", "StoredModel", "derive_model", "layer_filename", "layer_role",
-    "read_extras", "stored_name",
+    "BlobCheck", "ModelExtras", "ModelFiles", "Store", "StoredModel", "derive_model", "layer_filename",
+    "layer_role", "read_extras", "stored_name",
 ]

@@ -16,7 +16,8 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -24,8 +25,8 @@ from llmman.errors import ModelNotFound, StoreError
 from llmman.gguf import GGUFInfo, merge_split, read_gguf, with_capability
 from llmman.store import mediatypes as mt
 from llmman.store.build import build_manifest, plan_build
-from llmman.store.files import gguf_blobs, resolve_files
-from llmman.store.layout import Layout
+from llmman.store.files import gguf_blobs, gguf_digests, resolve_files
+from llmman.store.layout import Check, Layout
 from llmman.store.model import ModelFiles, StoredModel, descriptor_digests
 
 if TYPE_CHECKING:
@@ -33,6 +34,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _HEX = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class BlobCheck:
+    """One blob's result in :meth:`Store.check`: its digest, declared size (-1 for a top manifest),
+    ``ok``/``corrupt`` (removed)/``missing``, and the stored names that use it."""
+
+    digest: str
+    size: int
+    state: Check
+    models: builtins.list[str]
 
 
 def stored_name(ref: Reference) -> str:
@@ -100,8 +112,18 @@ class Store:
             raise ModelNotFound(str(ref))
         return model
 
-    def files(self, model: StoredModel) -> ModelFiles:
-        """Paths for llama-server (see :mod:`llmman.store.files`). Raises StoreError."""
+    def files(self, model: StoredModel, *, verify: bool = True) -> ModelFiles:
+        """Paths for llama-server (see :mod:`llmman.store.files`). With ``verify`` (a load), every GGUF
+        blob is checked first (:meth:`Layout.verify_blob`: a stat when it is unchanged since it was last
+        hashed, else a full hash); a corrupt one is removed. Raises StoreError (503 for a corrupt
+        blob)."""
+        if verify:
+            for digest in gguf_digests(model):
+                if self.layout.verify_blob(digest) == "corrupt":
+                    raise StoreError(
+                        f"blob {digest} of {model.reference} was corrupt (its bytes no longer match its "
+                        f"sha256) and has been removed; pull the model again or run `llmman verify "
+                        f"--repair`", status=503, code="corrupt_blob")
         return resolve_files(self.layout, self.cache_dir, model)
 
     def info(self, model: StoredModel) -> GGUFInfo:
@@ -111,6 +133,67 @@ class Store:
         shards, mmproj = gguf_blobs(self.layout, model)
         info = merge_split([read_gguf(path) for _, path in shards])
         return with_capability(info, "vision") if mmproj is not None else info
+
+    # -- verification (``llmman verify``) -------------------------------------------------------------
+    def entries(self, refs: Iterable[Reference] | None = None) -> builtins.list[tuple[str, str]]:
+        """``(stored name, manifest digest)`` of every index entry, or of those ``refs`` name (each must
+        match one: ModelNotFound otherwise). Entries whose manifest is unreadable are included."""
+        found = []
+        for e in self.layout.read_index()["manifests"]:
+            ann = e.get("annotations") if isinstance(e, dict) else None
+            name = ann.get(mt.REF_NAME) if isinstance(ann, dict) else None
+            if isinstance(name, str) and isinstance(e.get("digest"), str):
+                found.append((name, str(e["digest"])))
+        if refs is None:
+            return found
+        out: builtins.list[tuple[str, str]] = []
+        entries = {(n, d): {"digest": d, "annotations": {mt.REF_NAME: n}} for n, d in found}
+        for ref in refs:
+            hits = [key for key, entry in entries.items() if _matches(entry, ref)]
+            if not hits:
+                raise ModelNotFound(str(ref))
+            out.extend(h for h in hits if h not in out)
+        return out
+
+    def check(self, refs: Iterable[Reference] | None = None,
+              on_blob: Callable[[BlobCheck], None] | None = None) -> builtins.list[BlobCheck]:
+        """Hash every blob the index entries (or those ``refs`` name) reach, manifests first: the fsck
+        of ``llmman verify``. A corrupt blob is removed (:meth:`Layout.verify_blob`); a manifest that is
+        missing or corrupt hides its layers (they are not reported). ``on_blob`` gets each result as it
+        comes. Raises ModelNotFound for a ref that names nothing."""
+        users: dict[str, builtins.list[str]] = {}
+        sizes: dict[str, int] = {}
+        results: dict[str, BlobCheck] = {}
+
+        def visit(digest: str, size: int, name: str) -> None:
+            users.setdefault(digest, [])
+            if name not in users[digest]:
+                users[digest].append(name)
+            sizes.setdefault(digest, size)
+            if digest in results:
+                return
+            try:
+                state = self.layout.verify_blob(digest, force=True)
+            except StoreError:
+                state = "corrupt"  # not a sha256 digest: nothing can verify it
+            results[digest] = BlobCheck(digest, sizes[digest], state, users[digest])
+            if on_blob is not None:
+                on_blob(results[digest])
+            if state != "ok":
+                return
+            try:
+                manifest = json.loads(self.layout.read_blob(digest))
+            except (StoreError, ValueError):
+                return
+            if not isinstance(manifest, dict) or not any(k in manifest for k in ("layers", "manifests")):
+                return  # a config or a layer
+            for key in ("config", "layers", "manifests"):
+                for child in _descriptors(manifest, key):
+                    visit(str(child["digest"]), _size(child) or 0, name)
+
+        for name, digest in self.entries(refs):
+            visit(digest, -1, name)
+        return builtins.list(results.values())
 
     # -- blobs (for pull/push) -----------------------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
@@ -179,6 +262,7 @@ class Store:
                 replaced = self._set_entry(name, desc)
                 blob = self.layout.blob_path(digest)
                 os.utime(blob)
+                self.layout.record_verified(digest)  # write_blob just verified it; utime changed its stat
                 mtime = blob.stat().st_mtime
         except BaseException:
             self.layout.unpin([digest])
@@ -258,6 +342,11 @@ class Store:
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(self.layout.blob_path(digest))
                         removed.append(digest)
+                self.layout.forget_verified(removed)
+                if self.layout.verified_dir.is_dir():  # and the records of blobs gone by other means
+                    kept = set(present) - set(removed)
+                    self.layout.forget_verified(f"sha256:{p.name}" for p in self.layout.verified_dir.iterdir()
+                                                if _HEX.fullmatch(p.name) and f"sha256:{p.name}" not in kept)
             else:
                 log.warning("gc: an indexed manifest is unreadable; keeping every blob")
             self.layout.remove_stale_temps()

@@ -44,6 +44,11 @@ def gguf_blobs(layout: Layout, model: StoredModel) -> tuple[list[tuple[str, Path
     return _name_shards(shards), mmproj
 
 
+def gguf_digests(model: StoredModel) -> list[str]:
+    """The digests of the model's weight shards and projector, in manifest order."""
+    return [str(d.get("digest")) for d in model.layers if layer_role(d) in ("model", "mmproj")]
+
+
 def _name_shards(shards: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
     if len(shards) == 1:
         return shards

@@ -8,6 +8,12 @@ place; a blob appears under its digest only after its sha256 and size were verif
 
 Temp files (``*.tmp``) are flocked by their writer while being written, so garbage collection can tell a
 live write from debris left by a crash.
+
+Verification (docs/store.md): a blob's bytes were hashed when it was written; ``verified/<hex>`` records
+the file's size, mtime, ctime, inode and device at that moment. A blob is *verified* while its stat still
+matches the record; anything that rewrites it in place (a flipped byte, a truncation, a copy) changes
+mtime or ctime, so the record no longer matches and :meth:`Layout.verify_blob` hashes it again. A blob
+whose bytes do not match its digest is removed: under its name it can only be wrong.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 from llmman.errors import StoreError
 from llmman.store import mediatypes as mt
@@ -33,6 +39,7 @@ STALE_TEMP_S = 60.0  # an unlocked temp file older than this is debris
 PIN_TTL_S = 24 * 3600.0  # a written-but-unreferenced blob is protected from gc this long
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 _HEX = re.compile(r"[0-9a-f]{64}")
+Check = Literal["ok", "corrupt", "missing"]  # what :meth:`Layout.verify_blob` found
 
 
 def empty_index() -> dict[str, Any]:
@@ -101,6 +108,8 @@ class Layout:
         self._pins: dict[str, float] = {}
         self._pins_lock = threading.Lock()
         self._writers_fd: int | None = None
+        self.verified_dir = self.root / "verified"
+        self._verify_locks: dict[str, threading.Lock] = {}
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -159,17 +168,86 @@ class Layout:
         return self.blobs / digest_hex(digest)
 
     def has_blob(self, digest: str, size: int | None = None, pin: bool = False) -> bool:
-        """True when the blob exists (with ``size`` bytes, when given). ``pin`` protects it from gc until
-        a manifest referencing it is put (or :data:`PIN_TTL_S` passes); the check and the pin then happen
-        under the store lock, so a concurrent gc cannot delete the blob in between."""
+        """True when the blob exists (with ``size`` bytes, when given). ``pin`` is for a writer that is
+        about to trust the present blob instead of writing it (a pull, a build): the blob is then
+        verified first (:meth:`verify_blob`: a stat when its record matches, else a full hash; a corrupt
+        one is removed and this answers False), and protected from gc until a manifest referencing it
+        is put (or :data:`PIN_TTL_S` passes); the check and the pin happen under the store lock, so a
+        concurrent gc cannot delete the blob in between."""
         path = self.blob_path(digest)
         if not pin:
             return _has_size(path, size)
+        if self.verify_blob(digest) != "ok":
+            return False
         with self.lock():
             found = _has_size(path, size)
             if found:
                 self.pin(digest)
             return found
+
+    # -- verification ------------------------------------------------------------------------------
+    def _record_path(self, digest: str) -> Path:
+        return self.verified_dir / digest_hex(digest)
+
+    def is_verified(self, digest: str) -> bool:
+        """True when the blob exists and its stat matches what was recorded when its bytes were last
+        hashed (no read of the data)."""
+        try:
+            st = os.stat(self.blob_path(digest))
+            record = json.loads(self._record_path(digest).read_bytes())
+        except (OSError, ValueError):
+            return False
+        return isinstance(record, dict) and record == _stamp(st)
+
+    def record_verified(self, digest: str, st: os.stat_result | None = None) -> None:
+        """Record that the blob's bytes match its digest as the file stands now (``st``, default a fresh
+        stat). Only for a caller that just hashed those bytes or published a verified file."""
+        st = st if st is not None else os.stat(self.blob_path(digest))
+        self.verified_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self._record_path(digest), json.dumps(_stamp(st)).encode())
+
+    def forget_verified(self, digests: Iterable[str]) -> None:
+        """Drop the verification records of ``digests`` (their blobs were removed)."""
+        for digest in digests:
+            with contextlib.suppress(FileNotFoundError, StoreError):
+                os.unlink(self._record_path(digest))
+
+    def verify_blob(self, digest: str, *, force: bool = False) -> Check:
+        """``ok`` when the blob's bytes match its digest, ``missing`` when it is absent, ``corrupt`` when
+        they do not match: the blob is then removed (with its record) and the caller fetches it again.
+
+        A blob whose stat matches its record is ``ok`` without reading it (unless ``force``: the fsck
+        of ``llmman verify``); else it is hashed once however many threads ask, and the new stat is
+        recorded. StoreError for a malformed digest."""
+        path = self.blob_path(digest)
+        with self._pins_lock:
+            gate = self._verify_locks.setdefault(digest, threading.Lock())
+        with gate:
+            if not force and self.is_verified(digest):
+                return "ok"
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return "missing"
+            try:
+                before = os.fstat(fd)
+                h = hashlib.sha256()
+                while chunk := os.read(fd, 4 * CHUNK):
+                    h.update(chunk)
+                after = os.fstat(fd)
+                if h.hexdigest() == digest_hex(digest):
+                    if _stamp(before) == _stamp(after):  # unchanged while it was read
+                        self.record_verified(digest, after)
+                    return "ok"
+                with self.lock():  # remove what was read, not a good copy published meanwhile
+                    with contextlib.suppress(FileNotFoundError):
+                        now = os.stat(path)
+                        if (now.st_ino, now.st_dev) == (after.st_ino, after.st_dev):
+                            os.unlink(path)
+                    self.forget_verified([digest])
+                return "corrupt"
+            finally:
+                os.close(fd)
 
     def read_blob(self, digest: str, limit: int = 16 << 20) -> bytes:
         """A small blob's bytes (manifests, configs). StoreError when missing or over ``limit`` bytes."""
@@ -268,16 +346,18 @@ class Layout:
     def publish_file(self, path: Path, digest: str) -> None:
         """Move an already verified, fsynced file (in the same file system) to ``blobs/sha256/<hex>``,
         pinned against gc; a blob already present is kept and ``path`` removed. The caller verified
-        the bytes (the resumable downloads of :mod:`llmman.registry.download`)."""
+        the bytes (the resumable downloads of :mod:`llmman.registry.download`). A present blob that is
+        not verified (:meth:`is_verified`: changed since it was last hashed) is replaced by ``path``."""
         self.ensure()
         with self.lock():
             self.pin(digest)
             final = self.blob_path(digest)
-            if final.exists():
+            if final.exists() and self.is_verified(digest):
                 os.unlink(path)
             else:
                 os.replace(path, final)
                 _fsync_dir(self.blobs)
+                self.record_verified(digest)
 
     def blob_digests(self) -> list[str]:
         """Every ``sha256:<hex>`` blob present on disk."""
@@ -297,6 +377,12 @@ class Layout:
                 if _is_stale(p, now):
                     removed.append(p)
         return removed
+
+
+def _stamp(st: os.stat_result) -> dict[str, int]:
+    """What a verification record holds: a rewrite in place changes ``mtime_ns`` or ``ctime_ns``."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino,
+            "dev": st.st_dev}
 
 
 def _has_size(path: Path, size: int | None) -> bool:
