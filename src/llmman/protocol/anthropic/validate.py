@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 
 from llmman.errors import BadRequest
 from llmman.protocol.json_values import is_int, is_number, json_number
+from llmman.protocol.limits import InputLimit, check_request
 
 __all__ = ["BLOCK_TYPES", "forced_tool", "is_server_tool", "validate_request"]
 
@@ -339,6 +340,10 @@ def validate_request(body: object, *, count_tokens: bool = False) -> None:
     """
     if not isinstance(body, dict):
         raise BadRequest("The request body is not a JSON object")
+    try:
+        check_request(body)  # nesting, grammar, schemas, tools, stop_sequences (llmman.protocol.limits)
+    except InputLimit as exc:
+        raise _fail(exc.param, exc.problem) from None
     model = body.get("model")
     if model is None or model == "":
         raise _fail("model", "Field required")

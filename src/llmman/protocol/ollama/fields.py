@@ -14,6 +14,7 @@ from typing import Final, Literal
 import orjson
 
 from llmman.errors import BadRequest
+from llmman.protocol.limits import check_body_depth
 
 __all__ = [
     "THINK_LEVELS",
@@ -84,7 +85,8 @@ def parse_json_body(raw: bytes) -> dict[str, object]:
 
     Raises:
         BadRequest: ``missing request body`` for an empty body (Ollama's text), a decoder message for
-            invalid JSON or invalid UTF-8, ``request body must be a JSON object`` for arrays and scalars.
+            invalid JSON or invalid UTF-8, ``request body must be a JSON object`` for arrays and scalars,
+            ``body: JSON nested more than 128 levels deep`` (llmman.protocol.limits).
     """
     if not raw.strip():
         raise BadRequest("missing request body")
@@ -94,6 +96,7 @@ def parse_json_body(raw: bytes) -> dict[str, object]:
         raise BadRequest(f"invalid JSON in request body: {exc}") from None
     if not isinstance(value, dict):
         raise BadRequest("request body must be a JSON object")
+    check_body_depth(value)
     return value
 
 

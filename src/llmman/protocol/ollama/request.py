@@ -16,6 +16,7 @@ import orjson
 
 from llmman.durations import parse_duration
 from llmman.errors import BadRequest
+from llmman.protocol.limits import check_request, check_schema, check_stops
 from llmman.protocol.ollama.fields import (
     RunnerOptions,
     format_to_response_format,
@@ -193,6 +194,10 @@ def _messages(value: object) -> list[dict[str, object]]:
 def _common(body: dict[str, object]) -> tuple[str, bool, bool | str | None, dict[str, object]]:
     """model, client stream flag, think, and the upstream fields shared by chat and generate."""
     model = require_model(body)
+    check_request(body)  # input bounds (llmman.protocol.limits): nesting, tools, ...
+    check_schema(body.get("format"), "format")
+    options = body.get("options")
+    check_stops(options.get("stop") if isinstance(options, dict) else None, "options.stop")
     stream = _opt(body, "stream", bool, "a boolean")
     think = validate_think(body.get("think"))
     fields: dict[str, object] = {"model": model, **options_to_sampling(body.get("options"))}

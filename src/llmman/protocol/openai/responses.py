@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from llmman.errors import BadRequest
 from llmman.protocol.openai.shapes import peek_model
+from llmman.protocol.openai.validate import validate_responses
 
 __all__ = ["clean_request"]
 
@@ -38,6 +39,7 @@ def clean_request(raw: bytes) -> tuple[dict[str, object], str]:
             ``tools`` or ``input`` of the wrong type, ``instructions`` not a string.
     """
     body, model = peek_model(raw)
+    validate_responses(body)  # the input bounds (llmman.protocol.limits)
     out = dict(body)
     tools = body.get("tools")
     if tools is not None:

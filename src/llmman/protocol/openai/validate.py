@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from llmman.errors import BadRequest
 from llmman.protocol.json_values import is_int, is_number, json_number
+from llmman.protocol.limits import InputLimit, check_body_depth, check_request
 
 __all__ = [
     "CHAT_ROLES",
@@ -33,6 +34,7 @@ __all__ = [
     "validate_chat",
     "validate_completion",
     "validate_embeddings",
+    "validate_responses",
     "validate_tools",
 ]
 
@@ -312,6 +314,23 @@ def _response_format(fmt: object) -> None:
                 "response_format.json_schema", "an object", schema)
 
 
+def _limits(body: Mapping[str, object], *, depth_only: bool = False) -> None:
+    """The input bounds of :mod:`llmman.protocol.limits` (nesting, grammar, schemas, tools, stops)."""
+    try:
+        check_body_depth(body) if depth_only else check_request(body)
+    except InputLimit as exc:
+        raise InvalidParam(f"Invalid '{exc.param}': {exc.problem}.", exc.param) from None
+
+
+def validate_responses(body: Mapping[str, object]) -> None:
+    """Check a ``/v1/responses`` body against the input bounds (its shapes are llama-server's to judge).
+
+    Raises:
+        InvalidParam: naming the field past a bound.
+    """
+    _limits(body)
+
+
 def _reasoning_effort(body: Mapping[str, object]) -> None:
     effort = body.get("reasoning_effort")
     if effort is not None:
@@ -341,8 +360,10 @@ def validate_chat(body: Mapping[str, object]) -> None:
     ``parallel_tool_calls`` (boolean), ``reasoning_effort``.
 
     Raises:
-        InvalidParam: the first problem found, with its ``param``.
+        InvalidParam: the first problem found, with its ``param``; input past the bounds of
+            :mod:`llmman.protocol.limits` first.
     """
+    _limits(body)
     messages = body.get("messages")
     if messages is None:
         raise _missing("messages")
@@ -370,6 +391,7 @@ def validate_completion(body: Mapping[str, object]) -> None:
     Raises:
         InvalidParam: the first problem found, with its ``param``.
     """
+    _limits(body)
     prompt = body.get("prompt")
     if prompt is None:
         raise _missing("prompt")
@@ -399,6 +421,7 @@ def validate_embeddings(body: Mapping[str, object]) -> int | None:
     Raises:
         InvalidParam: the first problem found, with its ``param``.
     """
+    _limits(body, depth_only=True)
     data = body.get("input")
     if data is None:
         raise _missing("input")
