@@ -4,14 +4,20 @@ A crashed child is seen at once (its exit wakes :class:`~llmman.runner.process.L
 but a hung one (deadlocked, stopped by SIGSTOP, stuck in the driver) keeps its process and socket and
 would hold its requests forever. So while a child is READY its own process object runs :func:`watch`:
 ``GET /health`` every ``interval`` seconds with a short timeout. Any HTTP answer, whatever its status,
-proves the child's HTTP thread is alive (llama-server answers ``/health`` from its own thread even when
-every slot is busy decoding, so a busy child is never taken for a hung one). After ``failures``
-consecutive probes without an answer (timeout or refused connection), ``on_hung`` is called once with
-the reason, ``hung (no /health answer for X s)``; the process object then SIGKILLs the child's process
-group and its normal exit path forgets or restarts it (scheduler) and fails its in-flight requests.
+proves the child is alive. But an unanswered probe does not prove it hung: under load (64 concurrent
+streams) llama-server's HTTP threads are all busy and ``/health`` waits 30-50 s for one while tokens
+keep flowing. So liveness is judged by progress too: any byte arriving from the child on an open
+upstream exchange (llmman.gateway.UpstreamExchange), and any output on its stdout/stderr, count as
+much as an answer (``progress``, a monotonic time, passed to :func:`watch`). The child counts as hung
+only after ``failures`` consecutive unanswered probes (timeout or refused connection) *and* no answer
+and no progress for as long (:func:`is_stalled`): a SIGSTOPped or deadlocked child answers nothing and
+makes no progress, so it is still caught. Then ``on_hung`` is called once with the reason,
+``hung (no /health answer for X s, no progress for Y s)``; the process object SIGKILLs the child's
+process group and its normal exit path forgets or restarts it (scheduler) and fails its requests.
 
-The decisions are the pure functions :func:`probe_timeout`, :func:`next_failures`, :func:`is_hung`
-and :func:`hung_reason` (tests/unit/test_runner_health.py); :func:`watch` only does the I/O.
+The decisions are the pure functions :func:`probe_timeout`, :func:`next_failures`, :func:`is_hung`,
+:func:`is_stalled` and :func:`hung_reason` (tests/unit/test_runner_health.py); :func:`watch` only
+does the I/O.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-__all__ = ["WatchdogPolicy", "hung_reason", "is_hung", "next_failures", "probe_timeout", "watch"]
+__all__ = ["WatchdogPolicy", "hung_reason", "is_hung", "is_stalled", "next_failures", "probe_timeout",
+           "watch"]
 
 _MIN_PROBE_TIMEOUT = 1.0  # seconds: a loaded machine may take a moment to answer even a healthy probe
 _MAX_PROBE_TIMEOUT = 5.0  # seconds: "short" -- a healthy llama-server answers /health in milliseconds
@@ -67,9 +74,17 @@ def is_hung(failures: int, policy: WatchdogPolicy) -> bool:
     return failures >= max(1, policy.failures)
 
 
-def hung_reason(silent_for: float) -> str:
-    """The failure cause users see: ``hung (no /health answer for 31 s)`` (``silent_for`` in seconds)."""
-    return f"hung (no /health answer for {silent_for:.0f} s)"
+def is_stalled(failures: int, policy: WatchdogPolicy, quiet_for: float) -> bool:
+    """Hung for good: :func:`is_hung` and, for ``quiet_for`` seconds, no answer and no progress at
+    all, for at least the span the unanswered probes covered (``interval * failures``)."""
+    return is_hung(failures, policy) and quiet_for >= policy.interval * max(1, policy.failures)
+
+
+def hung_reason(silent_for: float, quiet_for: float | None = None) -> str:
+    """The failure cause users see: ``hung (no /health answer for 31 s)`` (``silent_for`` in seconds),
+    with ``, no progress for 12 s`` when progress was watched too (``quiet_for``)."""
+    progress = "" if quiet_for is None else f", no progress for {quiet_for:.0f} s"
+    return f"hung (no /health answer for {silent_for:.0f} s{progress})"
 
 
 async def _probe(session: aiohttp.ClientSession, url: str) -> bool:
@@ -82,10 +97,15 @@ async def _probe(session: aiohttp.ClientSession, url: str) -> bool:
         return False
 
 
-async def watch(base_url: str, policy: WatchdogPolicy, on_hung: Callable[[str], None]) -> None:
+async def watch(base_url: str, policy: WatchdogPolicy, on_hung: Callable[[str], None],
+                progress: Callable[[], float] | None = None) -> None:
     """Probe ``base_url``/health per ``policy`` until the child counts as hung, then call ``on_hung``
     once with :func:`hung_reason` and return. Runs forever otherwise: the owner cancels it when the
     child exits or is stopped. Returns at once when the policy is disabled.
+
+    Args:
+        progress: the loop time (``loop.time()``) of the child's latest progress (bytes relayed from
+            it, its output); with it, unanswered probes alone never mean hung (:func:`is_stalled`).
     """
     if not policy.enabled:
         return
@@ -100,8 +120,15 @@ async def watch(base_url: str, policy: WatchdogPolicy, on_hung: Callable[[str], 
             await asyncio.sleep(policy.interval)
             answered = await _probe(session, url)
             failures = next_failures(failures, answered)
+            now = loop.time()
             if answered:
-                last_answer = loop.time()
-            elif is_hung(failures, policy):
-                on_hung(hung_reason(loop.time() - last_answer))
-                return
+                last_answer = now
+            elif progress is None:
+                if is_hung(failures, policy):
+                    on_hung(hung_reason(now - last_answer))
+                    return
+            else:
+                quiet_for = now - max(last_answer, progress())
+                if is_stalled(failures, policy, quiet_for):
+                    on_hung(hung_reason(now - last_answer, quiet_for))
+                    return

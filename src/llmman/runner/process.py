@@ -60,9 +60,10 @@ class LlamaServerProcess:
             ~12 ms between ready and noticed (a cold start's overhead, bench/bench_cold.py) for a
             few dozen loopback requests a second to a child that answers 503 at once.
         health_interval: seconds between ``GET /health`` probes while READY (runner.health); 0 = no
-            watchdog. After ``health_failures`` unanswered probes in a row the child counts as hung: its
-            process group is SIGKILLed and it dies like a crash (``on_exit``, ``exit_cause`` HUNG,
-            ``exit_detail`` ``hung (no /health answer for X s)``).
+            watchdog. After ``health_failures`` unanswered probes in a row, and no progress for as long
+            (output on its pipes, or bytes relayed from it: :meth:`progressed`), the child counts as
+            hung: its process group is SIGKILLed and it dies like a crash (``on_exit``, ``exit_cause``
+            HUNG, ``exit_detail`` ``hung (no /health answer for X s, no progress for Y s)``).
         health_failures: consecutive unanswered probes that mean hung.
 
     One instance runs one child once: to restart, make a new instance.
@@ -103,6 +104,7 @@ class LlamaServerProcess:
         self._stop_task: asyncio.Task[None] | None = None
         self._spawn_lock = asyncio.Lock()
         self._last_output = 0.0  # loop.time() of the latest output chunk
+        self._last_progress = 0.0  # loop.time() of the latest output chunk or relayed byte (progressed)
         self.started_at: float | None = None  # unix seconds of the (last) spawn
         self.ready_at: float | None = None  # unix seconds when /health first answered 200
         self.spawned = asyncio.Event()  # set once a child exists (pid known)
@@ -181,7 +183,8 @@ class LlamaServerProcess:
         child = self._child
         if self._watchdog.enabled and child is not None:
             self._health_task = asyncio.create_task(
-                watch(self.base_url, self._watchdog, lambda reason: self._hung(child, reason)))
+                watch(self.base_url, self._watchdog, lambda reason: self._hung(child, reason),
+                      progress=lambda: max(self._last_output, self._last_progress)))
 
     async def _start_attempts(self) -> None:
         for attempt in (1, 2):
@@ -270,6 +273,10 @@ class LlamaServerProcess:
     def _on_output(self) -> None:
         """Any output at all (a chunk, not only a full line) resets the load stall timer."""
         self._last_output = asyncio.get_running_loop().time()
+
+    def progressed(self) -> None:
+        """Bytes of an answer arrived from the child (the gateway's relay): it is alive (runner.health)."""
+        self._last_progress = asyncio.get_running_loop().time()
 
     async def _watch(self, child: Child, drains: list[asyncio.Task[None]]) -> None:
         """Await the child's exit; report a death while READY at once."""
