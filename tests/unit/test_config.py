@@ -510,12 +510,14 @@ def test_list_settings_are_parsed_once_into_tuples(files: tuple[Path, Path]) -> 
 
 
 def test_comma_string_settings_have_parsed_views(files: tuple[Path, Path]) -> None:
-    env = {"LLMMAN_API_KEYS": " k1, ,k2 ", "LLMMAN_ORIGINS": "a://*, b://x", "LLMMAN_PEERS": "n1,n2:1"}
+    env = {"LLMMAN_API_KEYS": " k1, k2 ", "LLMMAN_ORIGINS": "a://*, b://x", "LLMMAN_PEERS": "n1,n2:1"}
     s = load(files, env)
     assert s.api_key_list == ("k1", "k2")
     assert s.origin_list == ("a://*", "b://x")
     assert s.peer_list == ("n1", "n2:1")
-    assert load(files, {"LLMMAN_API_KEYS": " , "}).api_key_list == ()
+    for blank in (" k1, ,k2 ", " , "):  # a blank key is a configuration error (issue 13 item 4)
+        with pytest.raises(ConfigError, match="LLMMAN_API_KEYS"):
+            load(files, {"LLMMAN_API_KEYS": blank})
 
 
 def test_config_set_writes_a_list_as_an_array(tmp_path: Path) -> None:

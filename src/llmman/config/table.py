@@ -22,6 +22,7 @@ __all__ = [
     "HostAddress",
     "Kind",
     "SettingSpec",
+    "check_keys",
     "convert",
     "display",
     "parse_bool",
@@ -164,6 +165,7 @@ class SettingSpec:
     doc: str
     minimum: int | None = None
     empty_env: bool = False  # an empty variable is a value ("" = none), not "unset"
+    keys: bool = False  # comma-separated secrets: a blank entry is an error, never "no key" (check_keys)
 
     @property
     def attr(self) -> str:
@@ -214,7 +216,7 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("aggregation.api_key", "LLMMAN_PEER_API_KEY", None, Kind.STR, "",
                 "Key presented to peers; empty = the first of auth.api_keys."),
     SettingSpec("auth.api_keys", "LLMMAN_API_KEYS", None, Kind.STR, "",
-                "API keys clients must present, comma-separated; empty = no authentication."),
+                "API keys clients must present, comma-separated; empty = no authentication.", keys=True),
     SettingSpec("auth.enforce", "LLMMAN_AUTH", None, Kind.BOOL, "true",
                 "Refuse to serve off loopback without API keys; off = allow it."),
     SettingSpec("auth.client_key", "LLMMAN_API_KEY", None, Kind.STR, "",
@@ -236,6 +238,23 @@ SETTINGS: tuple[SettingSpec, ...] = (
 def split_list(text: str) -> tuple[str, ...]:
     """``"a, b,,c"`` -> ``("a", "b", "c")``: comma-separated entries, stripped, blanks dropped."""
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def check_keys(text: str) -> str:
+    """``auth.api_keys``: empty (no keys), or comma-separated keys none of which is blank. ``","``,
+    ``" "``, ``"a,,b"`` or ``"a, "`` are mistakes that would otherwise leave fewer keys than meant, or none
+    (authentication silently off).
+
+    Raises:
+        ValueError: a blank entry, naming its position (never the keys).
+    """
+    if text == "":
+        return text
+    for position, entry in enumerate(text.split(","), start=1):
+        if not entry.strip():
+            raise ValueError(f"key {position} of {text.count(',') + 1} is empty or blank; list the keys "
+                             "separated by commas, or leave the setting empty for no authentication")
+    return text
 
 
 def parse_bool(text: str) -> bool:
@@ -316,6 +335,8 @@ def convert(spec: SettingSpec, raw: object, *, strict_types: bool) -> object:
         if not raw.strip():
             raise ValueError("expected a path, got an empty string")
         return Path(raw.strip()).expanduser()
+    if spec.keys:
+        return check_keys(raw)
     return raw
 
 
