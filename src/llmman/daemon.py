@@ -1,9 +1,11 @@
 """Composition root: settings -> store, scheduler, gateway -> HTTP server; signals and drain.
 
 ``serve`` runs until SIGTERM or SIGINT. Then uvicorn stops accepting connections and lets
-in-flight requests finish for up to ``server.shutdown_grace`` seconds, after which every
-llama-server child is stopped (SIGTERM, grace, SIGKILL of its process group), so no child
-outlives the daemon.
+in-flight requests finish for up to ``server.shutdown_grace`` seconds. An answer still running then
+is cut (llmman.gateway.Gateway.cut_all): a stream ends with its dialect's in-band error frame, an
+answer not started yet gets a 503 in its dialect, and :data:`_CUT_MARGIN` seconds later uvicorn
+closes whatever is left. Then every llama-server child is stopped (SIGTERM, grace, SIGKILL of its
+process group), so no child outlives the daemon.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -44,11 +47,31 @@ from llmman.tls import check_server_tls, client_context
 
 log = logging.getLogger("llmman")
 
+_CUT_MARGIN = 2  # seconds after the shutdown grace for cut answers to send their error frame
+
 
 class _Server(uvicorn.Server):
     """uvicorn's server, except that a signal is not re-raised after the HTTP side stops: the
     daemon still has to stop its llama-server children (uvicorn would otherwise kill the
-    process with the signal's default action before that cleanup runs)."""
+    process with the signal's default action before that cleanup runs). ``on_grace`` is called
+    ``grace`` seconds into the shutdown (its drain), before uvicorn's own timeout cancels what is left.
+    """
+
+    def __init__(self, config: uvicorn.Config, *, grace: float = 0.0,
+                 on_grace: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self._grace = grace
+        self._on_grace = on_grace
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        timer = None
+        if self._on_grace is not None:
+            timer = asyncio.get_running_loop().call_later(self._grace, self._on_grace)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -177,12 +200,19 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         lifespan="off",
         access_log=settings.debug,
         log_level="debug" if settings.debug else "warning",
-        timeout_graceful_shutdown=int(min(max(1.0, settings.shutdown_grace), 86400.0)),
+        timeout_graceful_shutdown=_graceful_timeout(settings.shutdown_grace),
         timeout_keep_alive=30,
         ssl_certfile=settings.cert_file or None,
         ssl_keyfile=settings.key_file or None,
     )
-    server = _Server(config)
+    def cut_answers() -> None:
+        count = gateway.cut_all(LlmmanError("llmman is shutting down: the answer was cut at the end of the "
+                                            "shutdown grace", status=503, code="shutting_down"))
+        if count:
+            log.warning("shutdown grace over: cut %d answer(s) still running", count)
+
+    server = _Server(config, grace=_graceful_timeout(settings.shutdown_grace) - _CUT_MARGIN,
+                     on_grace=cut_answers)
     log.info("llmman %s using %s, store %s", _version(), binary, settings.models)
     log.info("listening on %s", settings.host.client_url())
     preloads = [preload] if preload else []
@@ -201,6 +231,12 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         await peers.close()
         await peers.session.close()
     return 0 if server.started else 1
+
+
+def _graceful_timeout(grace: float) -> int:
+    """uvicorn's ``timeout_graceful_shutdown``: the grace in whole seconds (1 s to a day) plus the
+    margin cut answers get to send their error frame."""
+    return int(min(max(1.0, grace), 86400.0)) + _CUT_MARGIN
 
 
 def _version() -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -62,15 +62,25 @@ class UpstreamExchange:
     """An open request to a llama-server child whose status line has arrived.
 
     Iterate :meth:`chunks` for the body bytes as they come; the lease and the connection are
-    released when the iteration ends for any reason, or by :meth:`close`.
+    released when the iteration ends for any reason, or by :meth:`close`. :meth:`cut` ends it early
+    with an error (the daemon's shutdown grace ran out).
     """
 
-    def __init__(self, response: aiohttp.ClientResponse, lease: Lease) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, lease: Lease,
+                 on_close: Callable[[UpstreamExchange], None] | None = None) -> None:
         self.status = response.status
         self.headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS}
         self.lease = lease
         self._response = response
         self._closed = False
+        self._on_close = on_close
+
+    def cut(self, error: LlmmanError) -> None:
+        """End this exchange now: a pending or later read of :meth:`chunks` or :meth:`read` raises
+        ``error`` at once (the relay turns it into the dialect's in-band error frame, or a status
+        before the first byte); the connection is closed, which cancels the child's work."""
+        if not self._closed:
+            self._response.content.set_exception(error)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (no buffering).
@@ -106,6 +116,8 @@ class UpstreamExchange:
         """Release the connection and the lease. Idempotent."""
         if not self._closed:
             self._closed = True
+            if self._on_close is not None:
+                self._on_close(self)
             self._response.release()
             self._response.close()
             self.lease.release()
@@ -145,6 +157,23 @@ class Gateway:
         # Raises ConfigError for a preset whose name is not a model reference (at daemon start).
         self._presets = by_reference(presets or {}, lambda name: str(parse_reference(name)))
         self.puller: Puller | None = None  # set by the daemon: models missing from the store are pulled
+        self._open: set[UpstreamExchange] = set()  # exchanges not closed yet (cut_all)
+        self._posting: set[asyncio.Future[aiohttp.ClientResponse]] = set()  # requests before their status
+        self._cut: LlmmanError | None = None
+
+    def cut_all(self, error: LlmmanError) -> int:
+        """Cut every answer in progress with ``error``: open exchanges (:meth:`UpstreamExchange.cut`)
+        and requests still waiting for the child's status line (:meth:`open` raises ``error``); how
+        many there were. The daemon calls it when the shutdown grace runs out, so that every answer
+        still running ends with its dialect's error frame (or a 503 before the first byte) instead of
+        a torn body or a dropped connection."""
+        self._cut = error
+        exchanges, posting = list(self._open), list(self._posting)
+        for exchange in exchanges:
+            exchange.cut(error)
+        for future in posting:
+            future.cancel()
+        return len(exchanges) + len(posting)
 
     def resolve(self, name: str) -> ResolvedModel:
         """Find ``name`` in the store (the reference rules of :mod:`llmman.refs`).
@@ -265,13 +294,24 @@ class Gateway:
         for attempt in (1, 2):
             lease = await self.acquire(model, keep_alive=keep_alive, num_ctx=num_ctx, embedding=embedding,
                                        request=request)
+            posting = asyncio.ensure_future(self._session.post(
+                lease.base_url + path,
+                data=body,
+                headers={"Content-Type": content_type, "Accept-Encoding": "identity"},
+                auto_decompress=False,
+            ))  # fmt: skip
+            self._posting.add(posting)
             try:
-                response = await self._session.post(
-                    lease.base_url + path,
-                    data=body,
-                    headers={"Content-Type": content_type, "Accept-Encoding": "identity"},
-                    auto_decompress=False,
-                )
+                response = await posting
+            except asyncio.CancelledError:
+                lease.release()
+                task = asyncio.current_task()
+                if self._cut is not None and posting.cancelled() and not (task and task.cancelling()):
+                    raise self._cut from None  # cut_all, not the client: a 503 in the route's dialect
+                if posting.done() and not posting.cancelled() and posting.exception() is None:
+                    posting.result().close()  # the status line came just as the caller went away
+                posting.cancel()
+                raise
             except aiohttp.ClientConnectorError as exc:  # no connection: nothing of the request was sent
                 lease.release()
                 # The child may have died a moment ago (killed, crashed) and not been reaped yet: once
@@ -291,7 +331,11 @@ class Gateway:
             except BaseException:
                 lease.release()
                 raise
-            return UpstreamExchange(response, lease)
+            finally:
+                self._posting.discard(posting)
+            exchange = UpstreamExchange(response, lease, self._open.discard)
+            self._open.add(exchange)
+            return exchange
         raise AssertionError("unreachable")
 
     async def get_json(self, lease: Lease, path: str) -> object:
