@@ -144,6 +144,9 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_MEMORY_RESERVE": "512MiB",
         "LLMMAN_OFFLINE": "1",
         "LLMMAN_ORIGINS": "chrome-extension://*",
+        "LLMMAN_MAX_BODY_SIZE": "8MiB",
+        "LLMMAN_BODY_TIMEOUT": "5s",
+        "LLMMAN_IMPORT_DIRS": "/srv/models, /data/gguf",
         "LLMMAN_PEERS": "",  # empty is a value here: "no peers" (aggregation opt-out)
         "LLMMAN_PEER_API_KEY": "pk",
         "LLMMAN_API_KEYS": "k1,k2",
@@ -165,6 +168,7 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
     assert s.debug is True
     assert (s.memory, s.reserve) == (24 * 10**9, 512 * 2**20)
     assert s.offline is True
+    assert (s.max_body_size, s.body_timeout, s.import_dirs) == (8 << 20, 5.0, ("/srv/models", "/data/gguf"))
     assert s.allowed_origins == "chrome-extension://*"
     assert (s.peers, s.api_key, s.api_keys, s.enforce) == ("", "pk", "k1,k2", False)
     assert (s.cert_file, s.key_file, s.ca_file) == ("/c.pem", "/k.pem", "/ca.pem")

@@ -11,6 +11,7 @@ from llmman.api import anthropic, embeddings, node, ollama_infer, ollama_models,
 from llmman.api.auth import ApiKeys
 from llmman.api.cors import CORSAndHostGuard
 from llmman.api.errors import CatchAll, handle_http_error, handle_llmman_error
+from llmman.api.limits import BodyLimits
 from llmman.api.pool import pooled
 from llmman.api.services import Services
 from llmman.api.transfer_routes import transfer_routes
@@ -46,7 +47,9 @@ def build_app(services: Services) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[Middleware(CORSAndHostGuard, settings=services.settings), Middleware(CatchAll),
-                    Middleware(ApiKeys, keys=services.settings.api_key_list)],
+                    Middleware(ApiKeys, keys=services.settings.api_key_list),
+                    Middleware(BodyLimits, max_size=services.settings.max_body_size,
+                               timeout=services.settings.body_timeout)],
         exception_handlers={
             LlmmanError: handle_llmman_error,
             HTTPException: handle_http_error,

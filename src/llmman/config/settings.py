@@ -83,6 +83,9 @@ class Settings:
     debug: bool
     offline: bool
     allowed_origins: str = ""
+    max_body_size: int = 64 << 20
+    body_timeout: float = 60.0
+    import_dirs: tuple[str, ...] = ()
     memory: int = 0
     reserve: int = 0
     peers: str = ""
