@@ -11,20 +11,30 @@ client as :class:`RegistryOptions`. A loopback registry (``localhost``, 127.0.0.
 default as in Docker (dockerd's ``--insecure-registry`` default includes 127.0.0.0/8): HTTPS is tried first
 and a TLS handshake failure falls back to plain HTTP. Docker Hub's API host is ``registry-1.docker.io``.
 
-Errors: :class:`RegistryError` with the registry's own message; 401/403 say which credentials failed;
-404 is :class:`RegistryNotFound`; connection failures name the host.
+Errors: :class:`RegistryError` with a summary of the registry's answer (:func:`summarise`: the status,
+the OCI error code and a short cleaned message; never the raw body); 401/403 say which credentials
+failed; 404 is :class:`RegistryNotFound`; connection failures name the host.
+
+Offline (``server.offline``): an ``offline`` client connects to loopback hosts only (:func:`may_connect`),
+checked for every request before any connection or name lookup: token realms, redirects (manifests and
+blob storage), upload locations. :meth:`RegistryClient.confine` adds one more host a client may reach
+(a configured peer's own address).
 """
 
 from __future__ import annotations
 
+import http
 import ipaddress
+import json
 import re
+import socket
 import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -72,6 +82,78 @@ class RegistryAuthError(RegistryError):
     code = "unauthorized"
 
 
+class OfflineRefused(RegistryError):
+    """``server.offline``: a connection off this machine was about to be made (refused before it)."""
+
+    status = 503
+    code = "offline"
+
+
+def may_connect(host: str) -> bool:
+    """True when connecting to ``host`` (a name or address, no port) stays on this machine: a loopback
+    address, or ``localhost``/``*.localhost`` when every address it resolves to is loopback. Any other
+    name is refused without being looked up."""
+    name = host.strip("[]").lower()
+    try:
+        return ipaddress.ip_address(name.split("%")[0]).is_loopback
+    except ValueError:
+        pass
+    if name != "localhost" and not name.endswith(".localhost"):
+        return False
+    try:
+        infos = socket.getaddrinfo(name, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback for i in infos)
+
+
+class _Guarded(httpx.BaseTransport):
+    """The client's transport, asking :meth:`RegistryClient.check_destination` before every request
+    (redirects and the token service included)."""
+
+    def __init__(self, owner: RegistryClient, inner: httpx.BaseTransport) -> None:
+        self.owner, self.inner = owner, inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.owner.check_destination(str(request.url))
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,39}")
+_UNSAFE = re.compile(r"[^A-Za-z0-9 .,:;_/()'-]+")
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """``text`` on one line, without control or markup characters, at most ``limit`` characters."""
+    clean = " ".join(_UNSAFE.sub(" ", text).split())
+    return clean if len(clean) <= limit else clean[: limit - 1].rstrip() + "…"
+
+
+def summarise(status: int, body: bytes) -> str:
+    """A short, safe account of an error answer: ``<status> <reason>``, plus the first OCI error's
+    ``code`` (``MANIFEST_UNKNOWN``, ``DENIED``: an upper-case word) when the body is OCI's
+    ``{"errors": [...]}`` JSON. Nothing else of a body (its messages, HTML pages, stack traces) is
+    repeated."""
+    try:
+        reason = http.HTTPStatus(status).phrase
+    except ValueError:
+        reason = "error"
+    out = f"{status} {reason}"
+    try:
+        doc = json.loads(body[:65536]) if body.lstrip()[:1] == b"{" else None
+    except ValueError:
+        doc = None
+    errors = doc.get("errors") if isinstance(doc, dict) else None
+    first = errors[0] if isinstance(errors, list) and errors and isinstance(errors[0], dict) else None
+    code = first.get("code") if first is not None else None
+    if isinstance(code, str) and _CODE.fullmatch(code):
+        out += f" ({code})"
+    return out
+
+
 @dataclass(frozen=True)
 class RegistryOptions:
     """How registries are reached, as configured; the default is "nothing configured".
@@ -115,8 +197,11 @@ class RegistryClient:
 
     def __init__(self, registry: str, credentials: CredentialStore | None = None, *,
                  insecure: bool = False, stall_timeout: float = STALL_TIMEOUT_S,
-                 credential: Credential | None = None, options: RegistryOptions | None = None) -> None:
+                 credential: Credential | None = None, options: RegistryOptions | None = None,
+                 offline: bool = False) -> None:
         self.registry = registry
+        self.offline = offline  # loopback hosts only (see check_destination)
+        self._also: set[str] = set()
         options = options or RegistryOptions()
         insecure = insecure or options.is_insecure(registry)
         self.base = f"{'http' if insecure else 'https'}://{api_host(registry)}"
@@ -129,8 +214,27 @@ class RegistryClient:
         self._basic = False
         self._lock = threading.Lock()
         timeout = httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=stall_timeout, write=stall_timeout, pool=None)
-        self.http = httpx.Client(verify=self.tls if self.tls is not None else True, timeout=timeout,
-                                 follow_redirects=True, limits=httpx.Limits(max_connections=16))
+        inner = httpx.HTTPTransport(verify=self.tls if self.tls is not None else True,
+                                    limits=httpx.Limits(max_connections=16))
+        self.http = httpx.Client(timeout=timeout, follow_redirects=True, transport=_Guarded(self, inner))
+
+    def confine(self, *, also: str = "") -> None:
+        """From now on connect only to loopback hosts, and to ``also`` (``host[:port]``) when given."""
+        self.offline = True
+        if also:
+            self._also.add(also.lower())
+
+    def check_destination(self, url: str) -> None:
+        """Raise :class:`OfflineRefused` when this client is offline and ``url``'s host is off this
+        machine (:func:`may_connect`); called before every connection, no name is looked up first."""
+        if not self.offline:
+            return
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if parts.netloc.lower() in self._also or may_connect(host):
+            return
+        raise OfflineRefused(f"{self.registry}: not connecting to {_clip(host, 100)}: llmman is offline "
+                             "(server.offline) and that host is not on this machine")
 
     def close(self) -> None:
         self.http.close()
@@ -183,7 +287,8 @@ class RegistryClient:
         try:
             answer = self.http.get(realm, params=query, headers=headers)
         except httpx.HTTPError as exc:
-            raise RegistryError(f"{self.registry}: token service {realm} unreachable: {exc}") from exc
+            raise RegistryError(f"{self.registry}: token service {_clip(realm, 100)} unreachable: "
+                                f"{_describe(exc)}") from exc
         if answer.status_code in (401, 403):
             raise RegistryAuthError(f"{self.registry}: token service refused the credentials "
                                     f"({answer.status_code})")
@@ -255,15 +360,15 @@ class RegistryClient:
 
 
 def check(response: httpx.Response, what: str) -> None:
-    """Raise RegistryError for a non-2xx answer, quoting the registry's error text."""
+    """Raise RegistryError for a non-2xx answer, with a summary of it (:func:`summarise`)."""
     if response.status_code < 300:
         return
     if not response.is_closed:
         response.read()
-    text = response.text.strip()[:300]
+    text = summarise(response.status_code, response.content)
     if response.status_code >= 500 or response.status_code == 429:
-        raise RegistryUnavailable(f"{what}: registry answered {response.status_code}: {text}")
-    raise RegistryError(f"{what}: registry answered {response.status_code}: {text}")
+        raise RegistryUnavailable(f"{what}: registry answered {text}")
+    raise RegistryError(f"{what}: registry answered {text}")
 
 
 def is_loopback_host(host: str) -> bool:

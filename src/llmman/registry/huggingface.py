@@ -12,20 +12,35 @@ smallest. A pick named ``<prefix>-NNNNN-of-MMMMM.gguf`` brings all its shards, i
 Files download into ``<store>/partial/hf/`` (resumable by huggingface_hub), are verified against the
 LFS sha256 the tree lists (and hashed anyway), then renamed into ``blobs/``; the result is a CNCF
 ModelPack manifest named after the reference. Nothing enters the index unless every file arrived.
+
+Offline (``server.offline``, a Hub on this machine): huggingface_hub's shared HTTP client gets a transport
+that refuses, before connecting, any host off this machine (a redirect to a CDN included) while an
+offline pull runs in the thread, and drops the Xet headers from answers so no download leaves
+huggingface_hub's HTTP client for hf_xet's own connections.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from llmman.config.environment import HF_DEFAULT_ENDPOINT
 from llmman.errors import LlmmanError, StoreError
 from llmman.refs import DEFAULT_TAG, Reference
-from llmman.registry.client import RegistryError, RegistryNotFound, RegistryUnavailable
+from llmman.registry.client import (
+    OfflineRefused,
+    RegistryError,
+    RegistryNotFound,
+    RegistryUnavailable,
+    may_connect,
+    summarise,
+)
 from llmman.registry.puller import Emit
 from llmman.store import Store, StoredModel
 from llmman.store import mediatypes as mt
@@ -82,6 +97,62 @@ def _tqdm_for(emit: Emit, status: str, digest: str, total: int) -> type:
     return Progress
 
 
+_OFFLINE = threading.local()  # .on while an offline pull runs in this thread
+_INSTALL = threading.Lock()
+_installed: list[bool] = []
+
+
+def _install_guard() -> None:
+    """Give huggingface_hub's shared client a transport that applies :data:`_OFFLINE` (once)."""
+    import httpx2
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils import _http as hf_http
+
+    class Guard(httpx2.BaseTransport):
+        def __init__(self) -> None:
+            self.inner = httpx2.HTTPTransport()
+
+        def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+            if not getattr(_OFFLINE, "on", False):
+                return self.inner.handle_request(request)
+            host = request.url.host
+            if not may_connect(host):
+                raise OfflineRefused(f"Hugging Face: not connecting to {host[:100]}: llmman is offline "
+                                     "(server.offline) and that host is not on this machine")
+            response = self.inner.handle_request(request)
+            for key in [k for k in response.headers if k.lower().startswith("x-xet-")]:
+                del response.headers[key]
+            if "xet" in response.headers.get("link", "").lower():
+                del response.headers["link"]
+            return response
+
+        def close(self) -> None:
+            self.inner.close()
+
+    def factory() -> httpx2.Client:
+        hook = getattr(hf_http, "hf_request_event_hook", None)
+        return httpx2.Client(event_hooks={"request": [hook]} if hook else {}, follow_redirects=True,
+                             timeout=None, transport=Guard())
+
+    with _INSTALL:
+        if not _installed:
+            set_client_factory(factory)
+            _installed.append(True)
+
+
+@contextlib.contextmanager
+def _offline(on: bool) -> Iterator[None]:
+    if not on:
+        yield
+        return
+    _install_guard()
+    _OFFLINE.on = True
+    try:
+        yield
+    finally:
+        _OFFLINE.on = False
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -91,10 +162,16 @@ def _sha256(path: Path) -> str:
 
 
 def pull_huggingface(store: Store, ref: Reference, emit: Emit, *,
-                     endpoint: str = HF_DEFAULT_ENDPOINT) -> StoredModel:
-    """Pull ``ref`` (registry ``hf.co``) into ``store`` from the Hub at ``endpoint``.
+                     endpoint: str = HF_DEFAULT_ENDPOINT, offline: bool = False) -> StoredModel:
+    """Pull ``ref`` (registry ``hf.co``) into ``store`` from the Hub at ``endpoint``; ``offline`` keeps
+    every connection on this machine (see module docstring).
 
-    Raises RegistryError subclasses, StoreError."""
+    Raises RegistryError subclasses (OfflineRefused), StoreError."""
+    with _offline(offline):
+        return _pull_huggingface(store, ref, emit, endpoint)
+
+
+def _pull_huggingface(store: Store, ref: Reference, emit: Emit, endpoint: str) -> StoredModel:
     import httpx2  # huggingface_hub's HTTP client: its transport errors are not HfHubHTTPError
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub import errors as hf_errors
@@ -141,9 +218,11 @@ def pull_huggingface(store: Store, ref: Reference, emit: Emit, *,
     except hf_errors.HfHubHTTPError as exc:
         store.layout.unpin(written)
         response = getattr(exc, "response", None)
-        if getattr(response, "status_code", None) == 404:
+        answered = getattr(response, "status_code", None)
+        if answered == 404:
             raise RegistryNotFound(f"{ref}: repository or file not found") from exc
-        raise RegistryError(f"{ref}: {str(exc).splitlines()[0]}") from exc
+        reason = summarise(answered, b"") if isinstance(answered, int) else type(exc).__name__
+        raise RegistryError(f"{ref}: Hugging Face answered {reason}") from exc
     except httpx2.HTTPError as exc:  # unreachable endpoint, TLS failure, timeout, dropped connection
         store.layout.unpin(written)
         raise RegistryUnavailable(f"{ref}: cannot reach {endpoint}: "

@@ -98,9 +98,11 @@ class Puller:
         if ref.is_huggingface:
             from llmman.registry.huggingface import pull_huggingface
 
-            return pull_huggingface(self.store, ref, emit, endpoint=self.options.hf_endpoint)
+            return pull_huggingface(self.store, ref, emit, endpoint=self.options.hf_endpoint,
+                                    offline=self.offline)
         emit({"status": "pulling manifest"})
-        client = RegistryClient(ref.registry, self.credentials, insecure=insecure, options=self.options)
+        client = RegistryClient(ref.registry, self.credentials, insecure=insecure, options=self.options,
+                                offline=self.offline)
         try:
             data, media, manifest = self._manifest(client, ref)
             self._fetch_all(client, ref.repository, manifests.blobs(manifest), emit)
@@ -115,8 +117,12 @@ class Puller:
     def pull_via(self, ref: Reference, client: RegistryClient, emit: Emit = _quiet) -> StoredModel:
         """Pull ``ref``'s repository and tag through ``client`` (another registry, such as a peer
         node's ``/v2/``) and store it under ``ref``. Single-flight with :meth:`ensure`. The client
-        trusts this puller's CA bundle (``tls.ca_file``) as well as its own."""
+        trusts this puller's CA bundle (``tls.ca_file``) as well as its own. Offline, the client may
+        reach only loopback hosts and its own (the peer the operator configured): no redirect or token
+        realm leads elsewhere."""
         client.trust(self.options.ca_file)
+        if self.offline:
+            client.confine(also=client.registry)
         with self._ref_lock(ref):
             found = self.store.find(ref)
             if found is not None:
@@ -131,8 +137,11 @@ class Puller:
         (:func:`llmman.registry.push.push`); returns the manifest digest."""
         from llmman.registry.push import push
 
+        if self.offline and not is_loopback_host(ref.registry):
+            raise LlmmanError(f"not pushing {ref} to {ref.registry}: llmman is offline (server.offline)",
+                              status=503, code="offline")
         return push(self.store, ref, self.credentials, emit, insecure=insecure, source=source,
-                    options=self.options)
+                    options=self.options, offline=self.offline)
 
     def _manifest(self, client: RegistryClient, ref: Reference) -> tuple[bytes, str, dict[str, Any]]:
         data, media = client.get_manifest(ref.repository, reference_tag(ref))

@@ -41,11 +41,13 @@ def _file_chunks(path: Path, on_bytes: Callable[[int], None]) -> Iterator[bytes]
 
 
 def push(store: Store, ref: Reference, credentials: CredentialStore | None, emit: Emit, *,
-         insecure: bool = False, source: str | None = None, options: RegistryOptions | None = None) -> str:
+         insecure: bool = False, source: str | None = None, options: RegistryOptions | None = None,
+         offline: bool = False) -> str:
     """Upload the stored model ``ref`` to its registry; returns the manifest digest.
 
     ``source`` is the stored name of the model it came from, for a cross-repository mount; ``options``
-    the configured insecure hosts and CA bundle (:class:`RegistryOptions`).
+    the configured insecure hosts and CA bundle (:class:`RegistryOptions`); ``offline`` keeps every
+    connection on this machine (upload locations included, :meth:`RegistryClient.check_destination`).
     Raises ModelNotFound (not stored), RegistryError (refused, unauthorised, unreachable)."""
     emit({"status": "retrieving manifest"})
     model = store.get(ref)
@@ -54,7 +56,7 @@ def push(store: Store, ref: Reference, credentials: CredentialStore | None, emit
     repo = ref.repository
     scope = f"repository:{repo}:pull,push"
     sources = mount_sources(store, ref, source)
-    client = RegistryClient(ref.registry, credentials, insecure=insecure, options=options)
+    client = RegistryClient(ref.registry, credentials, insecure=insecure, options=options, offline=offline)
     try:
         for blob in manifests.blobs(model.manifest):
             status = f"pushing {blob.digest.split(':', 1)[1][:12]}"

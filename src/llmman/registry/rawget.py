@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urljoin, urlsplit
 
-from llmman.registry.client import RegistryClient, RegistryError, RegistryUnavailable
+from llmman.registry.client import RegistryClient, RegistryError, RegistryUnavailable, summarise
 
 MAX_REDIRECTS = 5
 
@@ -42,12 +42,14 @@ def get_blob(client: RegistryClient, path: str, headers: dict[str, str],
     statuses; whatever the sink raises passes through."""
     url = client.base + path
     for _ in range(MAX_REDIRECTS + 1):
+        client.check_destination(url)  # offline: loopback only, redirects to blob storage included
         parts = urlsplit(url)
         conn: http.client.HTTPConnection
         if parts.scheme == "https":
             conn = http.client.HTTPSConnection(parts.netloc, timeout=client.stall_timeout, context=client.tls)
         else:
             conn = http.client.HTTPConnection(parts.netloc, timeout=client.stall_timeout)
+        response: http.client.HTTPResponse | None = None
         try:
             target = parts.path + (f"?{parts.query}" if parts.query else "")
             try:
@@ -65,9 +67,9 @@ def get_blob(client: RegistryClient, path: str, headers: dict[str, str],
                     headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
                 continue
             if status >= 300:
-                text = response.read(300).decode("utf-8", "replace")
+                text = summarise(status, response.read(65536))
                 error = RegistryUnavailable if status >= 500 or status in (401, 429) else RegistryError
-                raise error(f"{path}: registry answered {status}: {text}")
+                raise error(f"{path}: registry answered {text}")
             sink = open_sink(status)
             if sink.splice(response, conn.sock):
                 return status
@@ -84,5 +86,7 @@ def get_blob(client: RegistryClient, path: str, headers: dict[str, str],
                     return status
                 sink.push(n)
         finally:
+            if response is not None:
+                response.close()  # its file object holds the socket open past conn.close()
             conn.close()
     raise RegistryError(f"{path}: more than {MAX_REDIRECTS} redirects")
