@@ -48,8 +48,9 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory, registry: Registry, model_file: Path) -> Iterator[Daemon]:
-    """A daemon with an empty store that may push to the plain registry."""
-    d = start_daemon(tmp_path_factory.mktemp("node"), extra_env={"LLMMAN_INSECURE_REGISTRIES": registry.host})
+    """A daemon with an empty store that may push to the plain registry and import from the model's folder."""
+    env = {"LLMMAN_INSECURE_REGISTRIES": registry.host, "LLMMAN_IMPORT_DIRS": str(model_file.parent)}
+    d = start_daemon(tmp_path_factory.mktemp("node"), extra_env=env)
     yield d
     d.stop(signal.SIGTERM)
 
@@ -138,7 +139,7 @@ def test_create_from_a_server_path_then_cli_push_through_the_daemon(node: Daemon
         lines = _lines(r)
         assert lines[0] == {"status": "parsing model"} and lines[-1] == {"status": "success"}
         assert name in {m["name"] for m in c.get("/api/tags").json()["models"]}
-        missing = c.post("/api/create", json={"model": "x:1", "from": str(tmp_path / "none.gguf"),
+        missing = c.post("/api/create", json={"model": "x:1", "from": str(model_file.parent / "none.gguf"),
                                               "stream": False})
         assert missing.status_code == 404 and "no such file" in missing.json()["error"]
         neither = c.post("/api/create", json={"model": "x:1", "stream": False})

@@ -12,11 +12,20 @@ applied per request by :mod:`llmman.protocol.model_defaults`). Fields llmman can
 never believes a model carries something it does not: llama-server renders prompts with the GGUF's own
 Jinja chat template and cannot take Ollama's Go templates, LoRA adapters are not packaged, and llmman does
 not quantize (use a GGUF already quantized).
+
+A ``from`` that is a server path (``/models/x.gguf``) is read only under the directories the operator
+allowed (``server.import_dirs``, empty by default: :func:`server_source`); everything else gets one 403
+whatever the path, so the route tells nothing about the server's files. Inside an allowed folder only
+the entries that themselves resolve inside an allowed directory are packaged (:func:`allowed_entries`):
+a ``README`` symlinked to ``/etc/shadow`` is never copied into the store, where ``/v2`` would serve it.
 """
 
 from __future__ import annotations
 
-from llmman.errors import BadRequest, NotImplementedHere
+from collections.abc import Iterable
+from pathlib import Path
+
+from llmman.errors import BadRequest, LlmmanError, NotFound, NotImplementedHere
 from llmman.protocol.ollama.fields import options_to_sampling, runner_options, unknown_options
 
 UNSUPPORTED = {
@@ -66,3 +75,65 @@ def check_create_body(body: dict[str, object]) -> None:
     for key, why in UNSUPPORTED.items():
         if body.get(key):
             raise NotImplementedHere(f"'{key}' in /api/create is not supported by llmman: {why}")
+
+
+#: The one answer for every server path outside ``server.import_dirs`` (existing or not).
+NOT_ALLOWED = ("'from' names a path on the server, and this server reads none there (server.import_dirs, "
+               "LLMMAN_IMPORT_DIRS): upload the files with POST /api/blobs/sha256:<digest> and name them in "
+               "'files'")
+
+
+class ImportNotAllowed(LlmmanError):
+    """A server path outside ``server.import_dirs`` (403)."""
+
+    status = 403
+    code = "import_not_allowed"
+
+    def __init__(self) -> None:
+        super().__init__(NOT_ALLOWED)
+
+
+def _roots(import_dirs: Iterable[str]) -> list[Path]:
+    """The allowed directories, resolved; relative entries are ignored (they would depend on the cwd)."""
+    return [Path(d).expanduser().resolve() for d in import_dirs if Path(d).expanduser().is_absolute()]
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    return any(path == root or path.is_relative_to(root) for root in roots)
+
+
+def server_source(source: str, import_dirs: Iterable[str]) -> Path:
+    """The real path (symlinks and ``..`` resolved) of a server-path ``from``, when it lies under one of
+    ``import_dirs``.
+
+    Raises:
+        ImportNotAllowed: outside every allowed directory, or none allowed; the same whether it exists.
+        NotFound: inside one, but nothing is there.
+    """
+    roots = _roots(import_dirs)
+    if not roots:
+        raise ImportNotAllowed()
+    try:
+        real = Path(source).resolve()
+    except (OSError, RuntimeError):  # a symlink loop, an unreadable component
+        raise ImportNotAllowed() from None
+    if not _inside(real, roots):
+        raise ImportNotAllowed()
+    if not real.exists():
+        raise NotFound(f"{source}: no such file or directory")
+    return real
+
+
+def allowed_entries(folder: Path, import_dirs: Iterable[str]) -> dict[str, Path]:
+    """The files of an allowed ``folder`` to package, by name -> real path: regular files whose real path
+    is under an allowed directory too (a symlink out of it is left out, as are subfolders)."""
+    roots = _roots(import_dirs)
+    out: dict[str, Path] = {}
+    for entry in sorted(folder.iterdir()):
+        try:
+            real = entry.resolve()
+        except (OSError, RuntimeError):
+            continue
+        if real.is_file() and _inside(real, roots):
+            out[entry.name] = real
+    return out

@@ -26,7 +26,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from llmman.api.create_body import check_create_body
+from llmman.api.create_body import allowed_entries, check_create_body, server_source
 from llmman.api.ollama_infer import NDJSON, json_response
 from llmman.api.services import Services
 from llmman.errors import BadRequest, LlmmanError, ModelNotFound, NotFound, NotImplementedHere
@@ -37,6 +37,7 @@ from llmman.store import derive_model
 from llmman.store.layout import digest_hex
 
 if TYPE_CHECKING:
+    from llmman.refs import Reference
     from llmman.store import Store
 
 log = logging.getLogger("llmman.api.pull")
@@ -234,6 +235,18 @@ def _derived_fields(body: dict[str, object]) -> dict[str, Any]:
     return out
 
 
+def _build_from_server_path(store: Store, ref: Reference, real: Path, import_dirs: tuple[str, ...]) -> None:
+    """``from`` a server path, already checked by :func:`~llmman.api.create_body.server_source`: a file as
+    it is, a folder from a view holding only its entries that resolve inside ``server.import_dirs``."""
+    if real.is_file():
+        store.build(ref, real)
+        return
+    with tempfile.TemporaryDirectory(prefix="llmman-create-") as tmp:
+        for name, path in allowed_entries(real, import_dirs).items():
+            (Path(tmp) / name).symlink_to(path)
+        store.build(ref, Path(tmp))
+
+
 async def create(request: Request) -> Response:
     """``POST /api/create {"model", "from"? , "files"?: {name: digest}, "system"?, "parameters"?,
     "messages"?, "license"?, "stream"?}``.
@@ -253,6 +266,9 @@ async def create(request: Request) -> Response:
     derived = _derived_fields(body)
 
     blobs = _create_files(store, files) if isinstance(files, dict) and files else None
+    # A server path is judged before anything streams: 403 outside server.import_dirs, existing or not.
+    server_path = server_source(source, services.settings.import_dirs) \
+        if not blobs and isinstance(source, str) and source.startswith("/") else None
 
     def job(emit: Emit) -> None:
         emit({"status": "parsing model"})
@@ -262,10 +278,8 @@ async def create(request: Request) -> Response:
                 for name, path in blobs.items():
                     (Path(tmp) / name).symlink_to(path)
                 store.build(ref, Path(tmp))
-        elif isinstance(source, str) and source.startswith("/"):
-            if not Path(source).exists():
-                raise NotFound(f"{source}: no such file or directory")
-            store.build(ref, Path(source))
+        elif server_path is not None:
+            _build_from_server_path(store, ref, server_path, services.settings.import_dirs)
         elif isinstance(source, str) and source:
             base = parse_reference(source, services.settings.aliases)
             if not derived:

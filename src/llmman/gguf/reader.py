@@ -17,6 +17,9 @@ from llmman.gguf.types import ArraySummary, TensorInfo
 
 MAGIC = b"GGUF"
 SMALL_ARRAY = 64  # arrays with at most this many elements are kept as lists
+#: Arrays nested deeper than this are a corrupt or hostile header (real GGUFs nest at most 2: llama.cpp's
+#: own reader refuses arrays of arrays); the walk is recursive, so 20 000 levels were a RecursionError.
+MAX_ARRAY_DEPTH = 8
 _CHUNK = 1 << 20
 _MAX_DIMS = 8
 _T_STRING, _T_ARRAY = 8, 9
@@ -105,7 +108,7 @@ class _Reader:
             raise GGUFError("truncated GGUF file inside a string array")
 
 
-def _value(r: _Reader, vtype: int) -> object:
+def _value(r: _Reader, vtype: int, depth: int = 0) -> object:
     st = _SCALARS.get(vtype)
     if st is not None:
         v = r.unpack(st)[0]
@@ -113,10 +116,13 @@ def _value(r: _Reader, vtype: int) -> object:
     if vtype == _T_STRING:
         return r.string()
     if vtype == _T_ARRAY:
+        if depth >= MAX_ARRAY_DEPTH:
+            raise GGUFError(f"corrupt GGUF header: arrays nested more than {MAX_ARRAY_DEPTH} deep at offset "
+                            f"{r.tell()}")
         etype, count = r.u32(), r.u64()
         start = r.tell()
         if count <= SMALL_ARRAY:
-            return [_value(r, etype) for _ in range(count)]
+            return [_value(r, etype, depth + 1) for _ in range(count)]
         est = _SCALARS.get(etype)
         if est is not None:
             r.skip(count * est.size)
@@ -124,7 +130,7 @@ def _value(r: _Reader, vtype: int) -> object:
             r.skip_strings(count)
         elif etype == _T_ARRAY:
             for _ in range(count):
-                _value(r, etype)
+                _value(r, etype, depth + 1)
         else:
             raise GGUFError(f"unknown GGUF array element type {etype}")
         return ArraySummary(etype, count, start)
