@@ -116,7 +116,8 @@ class Puller:
 
     def pull_via(self, ref: Reference, client: RegistryClient, emit: Emit = _quiet) -> StoredModel:
         """Pull ``ref``'s repository and tag through ``client`` (another registry, such as a peer
-        node's ``/v2/``) and store it under ``ref``. Single-flight with :meth:`ensure`. The client
+        node's ``/v2/``) and store it under ``ref`` (also when it is stored but lacks a blob: a repair).
+        Single-flight with :meth:`ensure`. The client
         trusts this puller's CA bundle (``tls.ca_file``) as well as its own. Offline, the client may
         reach only loopback hosts and its own (the peer the operator configured): no redirect or token
         realm leads elsewhere."""
@@ -125,7 +126,7 @@ class Puller:
             client.confine(also=client.registry)
         with self._ref_lock(ref):
             found = self.store.find(ref)
-            if found is not None:
+            if found is not None and not self.store.missing_blobs(found):
                 return found
             data, media, manifest = self._manifest(client, ref)
             self._fetch_all(client, ref.repository, manifests.blobs(manifest), emit)

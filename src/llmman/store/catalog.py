@@ -155,12 +155,21 @@ class Store:
             out.extend(h for h in hits if h not in out)
         return out
 
+    def missing_blobs(self, model: StoredModel) -> builtins.list[str]:
+        """Digests ``model``'s manifest names (config, layers, nested manifests) that are not on disk
+        with their declared size (a stat each, no hashing)."""
+        return [str(d["digest"]) for key in ("config", "layers", "manifests")
+                for d in _descriptors(model.manifest, key)
+                if not self.layout.has_blob(str(d["digest"]), _size(d))]
+
     def check(self, refs: Iterable[Reference] | None = None,
-              on_blob: Callable[[BlobCheck], None] | None = None) -> builtins.list[BlobCheck]:
+              on_blob: Callable[[BlobCheck], None] | None = None, *, force: bool = True
+              ) -> builtins.list[BlobCheck]:
         """Hash every blob the index entries (or those ``refs`` name) reach, manifests first: the fsck
-        of ``llmman verify``. A corrupt blob is removed (:meth:`Layout.verify_blob`); a manifest that is
-        missing or corrupt hides its layers (they are not reported). ``on_blob`` gets each result as it
-        comes. Raises ModelNotFound for a ref that names nothing."""
+        of ``llmman verify`` (``force=False``: only blobs changed since they were last verified). A
+        corrupt blob is removed (:meth:`Layout.verify_blob`); a manifest that is missing or corrupt hides
+        its layers (they are not reported). ``on_blob`` gets each result as it comes. Raises
+        ModelNotFound for a ref that names nothing."""
         users: dict[str, builtins.list[str]] = {}
         sizes: dict[str, int] = {}
         results: dict[str, BlobCheck] = {}
@@ -173,7 +182,7 @@ class Store:
             if digest in results:
                 return
             try:
-                state = self.layout.verify_blob(digest, force=True)
+                state = self.layout.verify_blob(digest, force=force)
             except StoreError:
                 state = "corrupt"  # not a sha256 digest: nothing can verify it
             results[digest] = BlobCheck(digest, sizes[digest], state, users[digest])
