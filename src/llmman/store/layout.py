@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -34,6 +35,7 @@ from typing import Any, BinaryIO, Literal
 from llmman.errors import StoreError
 from llmman.store import mediatypes as mt
 
+log = logging.getLogger(__name__)
 CHUNK = 1 << 20  # bytes per read when streaming blobs
 STALE_TEMP_S = 60.0  # an unlocked temp file older than this is debris
 PIN_TTL_S = 24 * 3600.0  # a written-but-unreferenced blob is protected from gc this long
@@ -237,14 +239,20 @@ class Layout:
                 after = os.fstat(fd)
                 if h.hexdigest() == digest_hex(digest):
                     if _stamp(before) == _stamp(after):  # unchanged while it was read
-                        self.record_verified(digest, after)
+                        try:
+                            self.record_verified(digest, after)
+                        except OSError as exc:  # a read-only store: verified now, hashed again next time
+                            log.debug("cannot record the verification of %s: %s", digest, exc)
                     return "ok"
-                with self.lock():  # remove what was read, not a good copy published meanwhile
-                    with contextlib.suppress(FileNotFoundError):
-                        now = os.stat(path)
-                        if (now.st_ino, now.st_dev) == (after.st_ino, after.st_dev):
-                            os.unlink(path)
-                    self.forget_verified([digest])
+                try:
+                    with self.lock():  # remove what was read, not a good copy published meanwhile
+                        with contextlib.suppress(FileNotFoundError):
+                            now = os.stat(path)
+                            if (now.st_ino, now.st_dev) == (after.st_ino, after.st_dev):
+                                os.unlink(path)
+                        self.forget_verified([digest])
+                except OSError as exc:  # a read-only store: still corrupt, still refused
+                    log.warning("cannot remove corrupt blob %s: %s", digest, exc)
                 return "corrupt"
             finally:
                 os.close(fd)
