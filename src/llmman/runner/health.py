@@ -76,8 +76,11 @@ def is_hung(failures: int, policy: WatchdogPolicy) -> bool:
 
 def is_stalled(failures: int, policy: WatchdogPolicy, quiet_for: float) -> bool:
     """Hung for good: :func:`is_hung` and, for ``quiet_for`` seconds, no answer and no progress at
-    all, for at least the span the unanswered probes covered (``interval * failures``)."""
-    return is_hung(failures, policy) and quiet_for >= policy.interval * max(1, policy.failures)
+    all, for at least as long as the unanswered probes can take (``max(interval, timeout) *
+    failures``: 30 s by default; a pause in the tokens, such as a batch of new prompts being
+    processed or a busy machine, is not a hang)."""
+    span = max(policy.interval, policy.timeout) * max(1, policy.failures)
+    return is_hung(failures, policy) and quiet_for >= span
 
 
 def hung_reason(silent_for: float, quiet_for: float | None = None) -> str:
