@@ -136,3 +136,18 @@ def test_the_default_limit_is_64_mib(tmp_path: Path) -> None:
 
     settings = load_settings(env={}, system_file=tmp_path / "a", user_file=tmp_path / "b")
     assert (settings.max_body_size, settings.body_timeout) == (64 << 20, 60.0)
+
+
+def test_stalled_blob_upload_is_408_and_leaves_no_blob(daemon: Daemon) -> None:
+    digest = "sha256:" + hashlib.sha256(b"y" * 1000).hexdigest()
+    with _connect(daemon) as sock:
+        sock.sendall(f"POST /api/blobs/{digest} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n"
+                     .encode() + b"y" * 10)
+        status, head, body = _status_and_body(_read_all(sock))
+    assert status == 408 and b"connection: close" in head, body
+    assert httpx.head(f"{daemon.url}/api/blobs/{digest}", timeout=10).status_code == 404
+
+    def no_partial_file() -> bool:  # the writer thread drops its temp file once the stream ends
+        return not [p for p in daemon.store.rglob("*") if p.is_file() and p.stat().st_size == 10]
+
+    wait_until(no_partial_file, "the half-uploaded blob's temp file to go")
