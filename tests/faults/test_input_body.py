@@ -148,6 +148,9 @@ def test_stalled_blob_upload_is_408_and_leaves_no_blob(daemon: Daemon) -> None:
     assert httpx.head(f"{daemon.url}/api/blobs/{digest}", timeout=10).status_code == 404
 
     def no_partial_file() -> bool:  # the writer thread drops its temp file once the stream ends
-        return not [p for p in daemon.store.rglob("*") if p.is_file() and p.stat().st_size == 10]
+        try:
+            return not [p for p in daemon.store.rglob("*") if p.is_file() and p.stat().st_size == 10]
+        except FileNotFoundError:  # removed while we looked
+            return False
 
     wait_until(no_partial_file, "the half-uploaded blob's temp file to go")
