@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -158,7 +159,7 @@ class Gateway:
         self._presets = by_reference(presets or {}, lambda name: str(parse_reference(name)))
         self.puller: Puller | None = None  # set by the daemon: models missing from the store are pulled
         self._open: set[UpstreamExchange] = set()  # exchanges not closed yet (cut_all)
-        self._posting: set[asyncio.Future[aiohttp.ClientResponse]] = set()  # requests before their status
+        self._posting: set[asyncio.Future[Any]] = set()  # waits for a lease or status
         self._cut: LlmmanError | None = None
 
     def cut_all(self, error: LlmmanError) -> int:
@@ -197,7 +198,8 @@ class Gateway:
         :meth:`Puller.ensure` is single-flight per reference). The same for every route.
 
         Raises:
-            ModelNotFound: 404 ``model '<name>' not found: <why the pull failed>``, never a 500.
+            ModelNotFound: 404 ``model '<name>' not found: <why the pull failed>`` (no reason when offline:
+                no pull was tried), never a 500.
         """
         try:
             return self.resolve(name)
@@ -215,7 +217,8 @@ class Gateway:
             ref = parse_reference(name, self._aliases)
             await asyncio.to_thread(puller.ensure, ref)
         except LlmmanError as exc:
-            raise ModelNotFound(name, exc.message) from exc
+            # Offline, no pull was tried: the model is simply not here, in Ollama's words.
+            raise ModelNotFound(name, None if exc.code == "offline" else exc.message) from exc
         except OSError as exc:
             raise ModelNotFound(name, f"pull failed: {exc.strerror or exc}") from exc
         return self.resolve(name)
@@ -257,7 +260,8 @@ class Gateway:
                       embedding: bool = False, request: str | None = None) -> Lease:
         """Lease ``model``'s child (its embedding child if ``embedding``), loading it if needed (see
         :meth:`Scheduler.acquire`; ``request`` is the request's :func:`fingerprint`)."""
-        plan = self.plan(model, num_ctx, embedding=embedding)
+        # In a thread: the plan may stat or hash the model's files (a changed blob is verified again).
+        plan = await asyncio.to_thread(self.plan, model, num_ctx, embedding=embedding)
         preset = self._presets.get(model.stored.reference)
         if keep_alive is None and preset is not None and preset.keep_alive is not None and not preset.preload:
             # The preset's default for this model; a request's own wins. A preloaded model stays pinned.
@@ -292,8 +296,8 @@ class Gateway:
         """
         request = fingerprint(path, body)
         for attempt in (1, 2):
-            lease = await self.acquire(model, keep_alive=keep_alive, num_ctx=num_ctx, embedding=embedding,
-                                       request=request)
+            lease = await self._cuttable(self.acquire(model, keep_alive=keep_alive, num_ctx=num_ctx,
+                                                      embedding=embedding, request=request))
             posting = asyncio.ensure_future(self._session.post(
                 lease.base_url + path,
                 data=body,
@@ -337,6 +341,23 @@ class Gateway:
             self._open.add(exchange)
             return exchange
         raise AssertionError("unreachable")
+
+    async def _cuttable(self, step: Coroutine[object, object, Lease]) -> Lease:
+        """Await ``step`` (waiting for a load or a slot) so that :meth:`cut_all` ends it with its error."""
+        waiting: asyncio.Future[Lease] = asyncio.ensure_future(step)
+        self._posting.add(waiting)
+        try:
+            return await waiting
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._cut is not None and waiting.cancelled() and not (task and task.cancelling()):
+                raise self._cut from None
+            if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
+                waiting.result().release()  # the lease came just as the caller went away
+            waiting.cancel()
+            raise
+        finally:
+            self._posting.discard(waiting)
 
     async def get_json(self, lease: Lease, path: str) -> object:
         """GET a small JSON document from a leased child (e.g. ``/props``)."""
