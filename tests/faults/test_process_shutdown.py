@@ -1,10 +1,11 @@
 """Fault catalogue: SIGTERM and SIGKILL of the daemon under load (issue 13 item 10), against real
 ``llmman serve`` daemons over the fake llama-server.
 
-SIGTERM with 8 answers running, 4 short (they finish inside the shutdown grace) and 4 long (cut at
-its end), on the four streamed dialects and two non-streamed answers. Before the fix the long ones
-were torn chunked bodies with no in-band error; now each ends with its dialect's error frame (a
-non-streamed one with a 503 in its dialect), the daemon exits 0 and no llama-server is left.
+SIGTERM with 8 streams running, 4 short (they finish inside the shutdown grace) and 4 long (cut at
+its end), on four streamed routes, plus two non-streamed answers and one request waiting for a load.
+Before the fix the long ones were torn chunked bodies with no in-band error; now each ends with its
+dialect's error frame (a non-streamed one, or one still waiting, with a 503 in its dialect), the
+daemon exits 0 and no llama-server is left.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.integration.test_faults_fake import alive, fake_daemon, ps_entry, ref
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-SHORT = " ".join(f"s{i}" for i in range(30))  # 1.5 s at 0.05 s a token
+SHORT = " ".join(f"s{i}" for i in range(50))  # 2.5 s at 0.05 s a token
 LONG = " ".join(f"l{i}" for i in range(2000))  # 100 s
 
 
@@ -51,9 +52,10 @@ def ending(route: str, raw: bytes) -> str:
 
 def test_sigterm_under_load_cuts_what_is_left_with_an_error_frame(tmp_path: Path) -> None:
     per_model = {ref("short"): {"FAKE_TOKEN_DELAY": "0.05", "FAKE_REPLY": SHORT},
-                 ref("long"): {"FAKE_TOKEN_DELAY": "0.05", "FAKE_REPLY": LONG}}  # fmt: skip
-    d = fake_daemon(tmp_path, {"FAKE_PER_MODEL": json.dumps(per_model), "LLMMAN_SHUTDOWN_GRACE": "3s",
-                               "LLMMAN_NUM_PARALLEL": "8"}, ("short", "long"))  # fmt: skip
+                 ref("long"): {"FAKE_TOKEN_DELAY": "0.05", "FAKE_REPLY": LONG},
+                 ref("gated"): {"FAKE_LOAD_GATE": str(tmp_path / "never")}}  # fmt: skip
+    d = fake_daemon(tmp_path, {"FAKE_PER_MODEL": json.dumps(per_model), "LLMMAN_SHUTDOWN_GRACE": "4s",
+                               "LLMMAN_NUM_PARALLEL": "8"}, ("short", "long", "gated"))  # fmt: skip
     try:
         for name in ("short", "long"):
             assert httpx.post(d.url + "/api/generate", json={"model": name}, timeout=30).status_code == 200
@@ -80,16 +82,21 @@ def test_sigterm_under_load_cuts_what_is_left_with_an_error_frame(tmp_path: Path
         def plain(route: str) -> httpx.Response:
             return httpx.post(d.url + route, json=body(route, "long", False), timeout=60)
 
-        with concurrent.futures.ThreadPoolExecutor(len(streams) + 2) as pool:
+        with concurrent.futures.ThreadPoolExecutor(len(streams) + 3) as pool:
+            loading = pool.submit(lambda: httpx.post(d.url + "/v1/chat/completions", timeout=60,
+                                                     json=body("/v1/chat/completions", "gated", False)))
+            wait_until(lambda: (e := ps_entry(d, "gated")) is not None
+                       and e["processor"] == "llama-server (loading)", "gated to be loading",
+                       timeout=60)  # fmt: skip
             futures = [pool.submit(run, route, name) for route, name in streams]
             non_streamed = [pool.submit(plain, r) for r in ("/api/chat", "/v1/chat/completions")]
             started.wait()
             wait_until(lambda: all(httpx.get(f"http://127.0.0.1:{_port(pid)}/fake/stats", timeout=5)
                                    .json()["active"] >= n for pid, n in zip(pids, (4, 6), strict=True)),
-                       "every answer to be generating")  # fmt: skip
+                       "every answer to be generating", timeout=60)  # fmt: skip
             d.process.send_signal(signal.SIGTERM)
             results = [f.result(timeout=60) for f in futures]
-            answers = [f.result(timeout=60) for f in non_streamed]
+            answers = [f.result(timeout=60) for f in [*non_streamed, loading]]
         assert d.process.wait(timeout=60) == 0
         assert [end for name, end in results if name == "short"] == ["done"] * 4
         assert [end for name, end in results if name == "long"] == ["error"] * 4, results
@@ -98,7 +105,7 @@ def test_sigterm_under_load_cuts_what_is_left_with_an_error_frame(tmp_path: Path
             error = answer.json()["error"]
             message = error if isinstance(error, str) else error["message"]
             assert "shutting down" in message
-        assert "cut 6 answer(s) still running" in d.log_text()
+        assert "cut 7 answer(s) still running" in d.log_text()
         assert "Traceback" not in d.log_text()
         assert not any(alive(pid) for pid in pids)
     finally:
