@@ -26,6 +26,7 @@ import aiohttp
 import uvicorn
 
 from llmman.api.app import build_app
+from llmman.api.limits import header_timeout_protocol
 from llmman.api.services import Services
 from llmman.cluster.peers import Peers, parse_peers
 from llmman.config.presets import device_env
@@ -196,7 +197,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         host=settings.host.bind_host,
         port=settings.host.port,
         loop="none",
-        http="httptools",
+        http=header_timeout_protocol(settings.body_timeout),  # httptools, headers bounded in time
         lifespan="off",
         access_log=settings.debug,
         log_level="debug" if settings.debug else "warning",

@@ -154,3 +154,25 @@ def test_stalled_blob_upload_is_408_and_leaves_no_blob(daemon: Daemon) -> None:
             return False
 
     wait_until(no_partial_file, "the half-uploaded blob's temp file to go")
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"],
+                         ids=["nothing", "half-headers"])
+def test_stalled_headers_are_closed(daemon: Daemon, sent: bytes) -> None:
+    """Before the app sees a request: uvicorn alone held these forever (its keep-alive timer starts only
+    after an answer)."""
+    with _connect(daemon) as sock:
+        sock.sendall(sent)
+        assert _read_all(sock) == b""  # closed by the daemon after server.body_timeout, nothing sent
+
+
+def test_kept_alive_connection_serves_again_then_times_out_idle_headers(daemon: Daemon) -> None:
+    with _connect(daemon) as sock:
+        for _ in range(2):
+            sock.sendall(b"GET /api/version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answer = b""
+            while b"}" not in answer:
+                answer += sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+        sock.sendall(b"GET /api/version HTTP/1.1\r\nHo")
+        assert _read_all(sock) == b""

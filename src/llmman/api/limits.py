@@ -10,14 +10,21 @@
 
 Both answers carry ``Connection: close``: uvicorn then closes the connection instead of reading and
 discarding the rest of a body, so a stalled or oversized client holds no descriptor.
+
+Headers come before the app sees a request, so their bound is in the HTTP protocol instead
+(:func:`header_timeout_protocol`, uvicorn's httptools protocol with a timer): a connection whose request
+headers are not complete within ``server.body_timeout`` of it opening (or of the previous answer) is
+closed. uvicorn has none (its keep-alive timeout runs only between requests, and stops at the first byte).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from llmman.api.errors import error_response
 
@@ -116,3 +123,48 @@ async def _answer(scope: Scope, send: Send, status: int, message: str) -> None:
         return {"type": "http.disconnect"}
 
     await response(scope, no_body, send)
+
+
+def header_timeout_protocol(timeout: float) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol, closing a connection whose request headers take more than ``timeout``
+    seconds (0 or inf: never). Pass it as ``uvicorn.Config(http=...)``."""
+    seconds = timeout if 0 < timeout < float("inf") else None
+
+    class HeaderTimeout(HttpToolsProtocol):
+        _headers_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            if seconds is not None:
+                self._headers_timer = self.loop.call_later(seconds, self._expired)
+
+        def _disarm(self) -> None:
+            if self._headers_timer is not None:
+                self._headers_timer.cancel()
+                self._headers_timer = None
+
+        def _expired(self) -> None:
+            self._headers_timer = None
+            if not self.transport.is_closing():
+                log.debug("closing a connection that sent no complete request headers for %gs", seconds)
+                self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            pipelined = bool(self.pipeline)  # the next request's headers are already in
+            super().on_response_complete()
+            if not pipelined and not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeout

@@ -209,7 +209,7 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("server.max_body_size", "LLMMAN_MAX_BODY_SIZE", None, Kind.SIZE, "64MiB",
                 "Largest request body but /api/blobs uploads; larger gets 413 before it is read; 0 = none."),
     SettingSpec("server.body_timeout", "LLMMAN_BODY_TIMEOUT", None, Kind.DURATION, "60s",
-                "Longest wait for the next part of a request body; then 408 and the connection closes."),
+                "Longest wait for request headers or the next part of a body; then 408/closed. 0 = none."),
     SettingSpec("server.import_dirs", "LLMMAN_IMPORT_DIRS", None, Kind.LIST, "",
                 "Directories /api/create may read a server-side GGUF path from; empty = none."),
     SettingSpec("resources.memory", "LLMMAN_MEMORY", None, Kind.SIZE, "0",
