@@ -10,6 +10,7 @@ chunked body is cut off with 413 once past it, a client that stops sending gets 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import socket
 from collections.abc import Iterator
@@ -176,3 +177,30 @@ def test_kept_alive_connection_serves_again_then_times_out_idle_headers(daemon: 
             assert answer.startswith(b"HTTP/1.1 200"), answer
         sock.sendall(b"GET /api/version HTTP/1.1\r\nHo")
         assert _read_all(sock) == b""
+
+
+def test_600_stalled_clients_against_512_descriptors(daemon: Daemon) -> None:
+    """The issue's case: 600 connections that never finish their body, the daemon limited to 512
+    descriptors. Each is answered (408) or closed once its timeout passes, and then the daemon serves."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1024:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    before = resource.prlimit(daemon.process.pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(daemon.process.pid, resource.RLIMIT_NOFILE, (512, before[1]))  # the soft limit
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(600):
+            sock = _connect(daemon)  # accepted at once or held in the listen backlog until a descriptor frees
+            sock.sendall(b"POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99\r\n\r\n{")
+            socks.append(sock)
+        for sock in socks:
+            with contextlib.suppress(ConnectionResetError):
+                raw = _read_all(sock)
+                assert raw == b"" or _status_and_body(raw)[0] == 408, raw[:200]
+    finally:
+        for sock in socks:
+            sock.close()
+        resource.prlimit(daemon.process.pid, resource.RLIMIT_NOFILE, before)
+    assert httpx.get(daemon.url + "/api/version", timeout=30).status_code == 200
