@@ -30,7 +30,7 @@ from tests.integration.test_faults_fake import alive, chat, crashes, fake_daemon
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 STREAMS = 64
-TOKENS = 300
+TOKENS = 200
 REPLY = " ".join(f"t{i}" for i in range(TOKENS))
 ROUTES = ("/api/chat", "/v1/chat/completions")
 BUSY_TEXT = "server busy, please try again.  maximum pending requests exceeded"
@@ -92,7 +92,7 @@ def test_64_streams_leave_rss_and_descriptors_as_they_were(daemon: Daemon) -> No
     round_of(daemon)  # warm-up: buffers, pools and caches reach their size
     wait_until(lambda: idle(daemon), "every lease to be released")
     rss_before, fds_before = usage(daemon)
-    for _ in range(3):
+    for _ in range(2):
         round_of(daemon)
     wait_until(lambda: idle(daemon), "every lease to be released")
     rss_after, fds_after = usage(daemon)
