@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.closing import closed_after_test
 from tests.conformance.agent_model import AGENT_NAME
 from tests.conformance.fuzz import anthropic_bodies, bodies
 from tests.integration.conftest import MODEL_NAME
@@ -20,7 +21,7 @@ QUESTION = "What is the capital of France? Answer in one word."
 
 
 def _client(base_url: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0)
+    return closed_after_test(anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0))
 
 
 def test_message_not_streamed(base_url: str) -> None:

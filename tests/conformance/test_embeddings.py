@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.closing import closed_after_test
 from tests.conformance.fuzz import bodies, embedding_bodies
 from tests.integration.conftest import MODEL_NAME, MODEL_REF
 from tests.integration.daemons import Daemon
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.model]
 
 
 def test_ollama_embed_batch_dimensions_and_legacy(base_url: str) -> None:
-    client = ollama.Client(host=base_url)
+    client = closed_after_test(ollama.Client(host=base_url))
     out = client.embed(model=MODEL_NAME, input=["hello world", "the sky is blue"])
     assert out.model == MODEL_NAME and len(out.embeddings) == 2
     assert len(out.embeddings[0]) == 576  # SmolLM2-135M embedding length
@@ -39,7 +40,7 @@ def test_ollama_embed_batch_dimensions_and_legacy(base_url: str) -> None:
 
 def test_chat_and_embedding_children_side_by_side(base_url: str, daemon: Daemon) -> None:
     """Through the hop too: the front has no model, so both children run on ``daemon``."""
-    client = ollama.Client(host=base_url)
+    client = closed_after_test(ollama.Client(host=base_url))
     client.chat(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2})
     client.embed(model=MODEL_NAME, input="x")
     # this model's children only (the session's daemon also serves smollm2-agent)
@@ -51,7 +52,7 @@ def test_chat_and_embedding_children_side_by_side(base_url: str, daemon: Daemon)
 
 
 def test_openai_embeddings(base_url: str) -> None:
-    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    client = closed_after_test(openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0))
     out = client.embeddings.create(model=MODEL_NAME, input=["a", "b", "c"])
     assert [d.index for d in out.data] == [0, 1, 2] and len(out.data[0].embedding) == 576
     assert out.usage.prompt_tokens > 0
@@ -61,7 +62,7 @@ def test_openai_embeddings(base_url: str) -> None:
 
 def test_openai_embeddings_dimensions(base_url: str) -> None:
     """llama-server ignores ``dimensions``: llmman cuts and renormalises, as OpenAI and Ollama do."""
-    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    client = closed_after_test(openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0))
     full = client.embeddings.create(model=MODEL_NAME, input="hello world").data[0].embedding
     cut = client.embeddings.create(model=MODEL_NAME, input="hello world", dimensions=8).data[0].embedding
     assert len(full) == 576 and len(cut) == 8
@@ -110,7 +111,7 @@ def test_long_inputs_fit_or_truncate(base_url: str) -> None:
     """Inputs over llama-server's default 512-token batch embed (the child's -b/-ub follow its context);
     inputs over the context are cut to it (Ollama's ``truncate``, default true, also on the OpenAI and
     legacy routes) or, with ``truncate: false``, refused with Ollama's 400."""
-    client = ollama.Client(host=base_url, timeout=300)
+    client = closed_after_test(ollama.Client(host=base_url, timeout=300))
     small = {"num_ctx": 512}  # a child already loaded with a larger context is reused: bounds below allow it
     medium = client.embed(model=MODEL_NAME, input=SENTENCE * 45, options=small)  # about 600 tokens
     assert len(medium.embeddings[0]) == 576 and (medium.prompt_eval_count or 0) > 500
@@ -124,6 +125,7 @@ def test_long_inputs_fit_or_truncate(base_url: str) -> None:
     assert refused.value.status_code == 400
     assert refused.value.error == "the input length exceeds the context length"
     assert len(client.embeddings(model=MODEL_NAME, prompt=huge, options=small).embedding) == 576
-    oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    oai = closed_after_test(openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
+                                          timeout=300))
     out = oai.embeddings.create(model=MODEL_NAME, input=[huge, SENTENCE * 45])
     assert [len(d.embedding) for d in out.data] == [576, 576] and out.usage.prompt_tokens < 2 * 4800

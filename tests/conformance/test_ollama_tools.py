@@ -14,6 +14,7 @@ import pytest
 
 from llmman.refs import parse_reference
 from llmman.store import Store
+from tests.closing import closed_after_test
 from tests.fakes.fake_llama_server import make_launcher
 from tests.integration.daemons import Daemon, start_daemon
 from tests.unit.ggufgen import TOOLS_THINK_TEMPLATE, write_gguf
@@ -43,13 +44,13 @@ def fake_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 def test_show_reports_tools_and_thinking(fake_daemon: Daemon) -> None:
-    shown = ollama.Client(host=fake_daemon.url).show(MODEL)
+    shown = closed_after_test(ollama.Client(host=fake_daemon.url)).show(MODEL)
     assert shown.capabilities == ["completion", "tools", "thinking"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_call_round_trip(fake_daemon: Daemon, stream: bool) -> None:
-    client = ollama.Client(host=fake_daemon.url)
+    client = closed_after_test(ollama.Client(host=fake_daemon.url))
     messages: list[dict[str, object] | ollama.Message] = [{"role": "user", "content": "Weather in Paris?"}]
     if stream:
         parts = list(client.chat(model=MODEL, messages=messages, tools=TOOLS, stream=True, think=False))

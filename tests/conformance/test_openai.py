@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.closing import closed_after_test
 from tests.conformance.agent_model import AGENT_NAME
 from tests.conformance.fuzz import bodies, openai_chat_bodies
 from tests.integration.conftest import MODEL_NAME, MODEL_REF
@@ -19,7 +20,7 @@ QUESTION = "What is the capital of France? Answer in one word."
 
 
 def _client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    return closed_after_test(openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0))
 
 
 def test_chat_streamed_and_not(base_url: str) -> None:

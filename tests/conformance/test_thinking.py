@@ -9,6 +9,7 @@ from __future__ import annotations
 import ollama
 import pytest
 
+from tests.closing import closed_after_test
 from tests.conformance.agent_model import AGENT_NAME
 from tests.integration.conftest import MODEL_NAME
 
@@ -18,12 +19,13 @@ HI = [{"role": "user", "content": "Hi"}]
 
 
 def test_show_reports_thinking_and_tools(base_url: str) -> None:
-    assert ollama.Client(host=base_url).show(AGENT_NAME).capabilities == ["completion", "tools", "thinking"]
+    shown = closed_after_test(ollama.Client(host=base_url)).show(AGENT_NAME)
+    assert shown.capabilities == ["completion", "tools", "thinking"]
 
 
 @pytest.mark.parametrize("route", ["chat", "generate"])
 def test_thinking_is_on_when_think_is_absent(base_url: str, route: str) -> None:
-    client = ollama.Client(host=base_url)
+    client = closed_after_test(ollama.Client(host=base_url))
     options = {"num_predict": 6, "temperature": 0}
     if route == "chat":
         reply = client.chat(model=AGENT_NAME, messages=HI, options=options)
@@ -35,20 +37,22 @@ def test_thinking_is_on_when_think_is_absent(base_url: str, route: str) -> None:
 
 
 def test_think_false_answers_without_thinking(base_url: str) -> None:
-    reply = ollama.Client(host=base_url).chat(model=AGENT_NAME, messages=HI, think=False,
-                                              options={"num_predict": 6, "temperature": 0})
+    client = closed_after_test(ollama.Client(host=base_url))
+    reply = client.chat(model=AGENT_NAME, messages=HI, think=False,
+                        options={"num_predict": 6, "temperature": 0})
     assert reply.message.content and not reply.message.thinking
 
 
 def test_streamed_thinking_then_done(base_url: str) -> None:
-    parts = list(ollama.Client(host=base_url).chat(model=AGENT_NAME, messages=HI, stream=True,
-                                                   options={"num_predict": 6, "temperature": 0}))
+    client = closed_after_test(ollama.Client(host=base_url))
+    parts = list(client.chat(model=AGENT_NAME, messages=HI, stream=True,
+                             options={"num_predict": 6, "temperature": 0}))
     assert "".join(p.message.thinking or "" for p in parts)
     assert parts[-1].done and parts[-1].done_reason == "length" and (parts[-1].eval_count or 0) == 6
 
 
 def test_a_model_without_thinking_refuses_think_true_but_not_absent(base_url: str) -> None:
-    client = ollama.Client(host=base_url)
+    client = closed_after_test(ollama.Client(host=base_url))
     with pytest.raises(ollama.ResponseError, match=f'"{MODEL_NAME}" does not support thinking'):
         client.chat(model=MODEL_NAME, messages=HI, think=True)
     reply = client.chat(model=MODEL_NAME, messages=HI, options={"num_predict": 4})

@@ -12,6 +12,7 @@ import ollama
 import openai
 import pytest
 
+from tests.closing import closed_after_test
 from tests.integration.conftest import MODEL_NAME, MODEL_REF
 from tests.integration.daemons import Daemon
 
@@ -30,7 +31,7 @@ def _manifest_layers(daemon: Daemon, name: str) -> list[dict[str, object]]:
 
 
 def test_create_show_chat_and_rm_a_derived_model(daemon: Daemon) -> None:
-    client = ollama.Client(host=daemon.url)
+    client = closed_after_test(ollama.Client(host=daemon.url))
     done = client.create(model="pirate", from_=MODEL_NAME, system=SYSTEM,
                          parameters={"temperature": 0, "num_predict": 8})
     assert done.status == "success"
@@ -63,7 +64,7 @@ def test_create_show_chat_and_rm_a_derived_model(daemon: Daemon) -> None:
     assert gen.eval_count is not None and 0 < gen.eval_count <= 8
     assert gen.prompt_eval_count == base.prompt_eval_count
 
-    oai = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused")
+    oai = closed_after_test(openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused"))
     answer = oai.chat.completions.create(model="pirate", messages=[user])  # type: ignore[list-item]
     assert answer.usage is not None and 0 < answer.usage.completion_tokens <= 8
     assert answer.usage.prompt_tokens == base.prompt_eval_count

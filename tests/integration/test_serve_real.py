@@ -16,6 +16,7 @@ import openai
 import psutil
 import pytest
 
+from tests.closing import closed_after_test
 from tests.integration.conftest import MODEL_NAME, MODEL_REF
 from tests.integration.daemons import Daemon
 
@@ -32,7 +33,7 @@ def _ps(daemon: Daemon) -> list[dict[str, object]]:
 
 
 def test_ollama_client_chat_streaming_and_not(daemon: Daemon) -> None:
-    client = ollama.Client(host=daemon.url)
+    client = closed_after_test(ollama.Client(host=daemon.url))
     reply = client.chat(model=MODEL_NAME, messages=[{"role": "user", "content": QUESTION}],
                         options={"temperature": 0})
     assert "Paris" in reply.message.content
@@ -50,7 +51,7 @@ def test_ollama_client_chat_streaming_and_not(daemon: Daemon) -> None:
 
 
 def test_ollama_generate_and_length_limit(daemon: Daemon) -> None:
-    client = ollama.Client(host=daemon.url)
+    client = closed_after_test(ollama.Client(host=daemon.url))
     out = client.generate(model=MODEL_NAME, prompt="Count from one to fifty in words.",
                           options={"temperature": 0, "num_predict": 5})
     assert out.done_reason == "length"
@@ -59,7 +60,7 @@ def test_ollama_generate_and_length_limit(daemon: Daemon) -> None:
 
 
 def test_openai_client_chat_streaming_and_not(daemon: Daemon) -> None:
-    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused")
+    client = closed_after_test(openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused"))
     done = client.chat.completions.create(model=MODEL_NAME, temperature=0,
                                           messages=[{"role": "user", "content": QUESTION}])
     assert "Paris" in (done.choices[0].message.content or "")
@@ -122,7 +123,7 @@ def test_three_concurrent_first_requests_start_one_child(daemon: Daemon) -> None
 
 
 def test_child_killed_mid_stream_gives_an_error_then_reloads(daemon: Daemon) -> None:
-    client = ollama.Client(host=daemon.url)
+    client = closed_after_test(ollama.Client(host=daemon.url))
     client.generate(model=MODEL_NAME, prompt="", keep_alive="5m")
     (first,) = daemon.children()
     stream = client.generate(model=MODEL_NAME, prompt="Count from 1 to 1000, one number per line.",
@@ -177,7 +178,7 @@ def test_bad_requests_in_openai_dialect(daemon: Daemon, body: bytes, status: int
     assert r.status_code == status
     err = r.json()["error"]
     assert isinstance(err["message"], str) and err["message"]
-    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    client = closed_after_test(openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0))
     if status == 404:
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="nope:1b", messages=[{"role": "user", "content": "x"}])
@@ -193,7 +194,7 @@ def test_version_root_tags_show(daemon: Daemon) -> None:
         (entry,) = [t for t in tags if t["name"] == MODEL_REF]
         assert entry["details"]["quantization_level"] == "Q4_1"
         assert entry["details"]["family"] == "llama"
-    shown = ollama.Client(host=daemon.url).show(MODEL_NAME)
+    shown = closed_after_test(ollama.Client(host=daemon.url)).show(MODEL_NAME)
     assert shown.modelinfo is not None and shown.modelinfo.get("llama.context_length") == 8192
     assert shown.template and "im_start" in shown.template
     assert shown.capabilities and "completion" in shown.capabilities
