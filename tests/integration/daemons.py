@@ -14,7 +14,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,3 +137,29 @@ def model_daemon(tmp: Path, model_file: Path, name: str = "smollm2:135m",
     finally:
         if d.process.poll() is None:
             d.stop(signal.SIGTERM)
+
+
+HOP = {"x-llmman-hop": "1"}  # a hopped request is served by, and answers for, the node it reaches only
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def local_ps(d: Daemon) -> list[str]:
+    """The models ``d`` itself has loaded (``/api/ps`` with ``x-llmman-hop``: no peer's entries)."""
+    r = httpx.get(d.url + "/api/ps", headers=HOP, timeout=10)
+    r.raise_for_status()
+    return [str(m["name"]) for m in r.json()["models"]]
+
+
+def local_tags(d: Daemon) -> dict[str, str]:
+    """The models ``d`` itself stores, name -> manifest digest (``/api/tags`` with ``x-llmman-hop``)."""
+    r = httpx.get(d.url + "/api/tags", headers=HOP, timeout=10)
+    r.raise_for_status()
+    return {str(m["name"]): str(m["digest"]) for m in r.json()["models"]}
