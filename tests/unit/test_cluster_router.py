@@ -153,9 +153,11 @@ async def test_unload_and_show_go_where_the_model_is_and_never_use_the_recent_me
     assert peers.recent.get(M) is None
 
 
-async def test_unload_of_a_model_loaded_nowhere_stays_here() -> None:
+async def test_unload_of_a_model_loaded_nowhere_goes_to_a_node_storing_it() -> None:
     peers = FixedPeers([peer(B, 8, stored={M: 0.1})])
-    assert await router(peers).decide(M, Intent.UNLOAD, Origin()) == Local()
+    assert await router(peers).decide(M, Intent.UNLOAD, Origin()) == Forward((Target(B),), Local())
+    assert await router(peers, stored={M: 0.1}).decide(M, Intent.UNLOAD, Origin()) == Local()
+    assert await router(FixedPeers([peer(B, 8)])).decide(M, Intent.UNLOAD, Origin()) == Local()
 
 
 async def test_a_name_that_does_not_parse_is_served_here() -> None:

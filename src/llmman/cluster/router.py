@@ -9,7 +9,8 @@ gets back; this module owns every rule of that choice, and only here is it made:
   lists the model as stored;
 * a node without peers, a model already loaded here, or a name that does not parse: served here;
 * ``/api/show`` (:attr:`Intent.SHOW`) goes to a node storing the model; an unload (``keep_alive`` 0
-  with nothing to generate, :attr:`Intent.UNLOAD`) to the node that has it loaded;
+  with nothing to generate, :attr:`Intent.UNLOAD`) to the node that has it loaded, else to one storing
+  it (which answers ``unload`` as a single daemon storing it does);
 * anything else is ranked by the three rules of docs/aggregation.md (:func:`.placement.rank`: loaded,
   else fits and stored, else the most room); a peer seen with the model loaded moments ago is tried
   without a new probe (:mod:`.recent`);
@@ -203,6 +204,6 @@ def _candidates(intent: Intent, ref: str, nodes: list[NodeView]) -> list[NodeVie
     """Where to try, in order: show and unload go where the model is; anything else by the rules."""
     if intent is Intent.SHOW:
         return [n for n in nodes if n.has_stored(ref)] or nodes[:1]
-    if intent is Intent.UNLOAD:
-        return [n for n in nodes if n.has_loaded(ref)] or nodes[:1]
+    if intent is Intent.UNLOAD:  # loaded nowhere: a node storing it answers as one daemon would (200)
+        return [n for n in nodes if n.has_loaded(ref)] or [n for n in nodes if n.has_stored(ref)] or nodes[:1]
     return rank(ref, model_size(ref, nodes), nodes)
