@@ -32,7 +32,8 @@ def test_verify_repairs_from_a_peer_when_the_registry_is_out_of_reach(tmp_path: 
     a_port = free_port("127.0.0.21")
     a = start_daemon(tmp_path / "a", host="127.0.0.21", port=a_port, extra_env={"LLMMAN_PEERS": ""})
     try:
-        b = start_daemon(tmp_path / "b", host="127.0.0.22", extra_env={"LLMMAN_PEERS": f"127.0.0.21:{a_port}"})
+        b = start_daemon(tmp_path / "b", host="127.0.0.22",
+                         extra_env={"LLMMAN_PEERS": f"127.0.0.21:{a_port}"})
         try:
             blob = b.store / "blobs" / "sha256" / digest.split(":")[1]
             flip_byte(blob, 200)
