@@ -3,6 +3,8 @@
 
 VENV := .venv
 BIN := $(VENV)/bin
+# Where scripts/setup.sh keeps the model files (LLMMAN_TEST_MODELS overrides it there too).
+MODELS := $(or $(LLMMAN_TEST_MODELS),$(HOME)/.cache/llmman/models)
 
 setup:
 	@scripts/setup.sh --model >/dev/null
@@ -14,12 +16,12 @@ setup-test:
 # The main job: a daemon serving SmolLM2-135M-Instruct as smollm2:135m, in the foreground.
 serve: setup
 	@$(BIN)/llmman list | grep -q 'docker.io/ai/smollm2:135m' || \
-	  $(BIN)/llmman build -t smollm2:135m $$HOME/.cache/llmman/models/SmolLM2-135M-Instruct.Q4_1.gguf
+	  $(BIN)/llmman build -t smollm2:135m $(MODELS)/SmolLM2-135M-Instruct.Q4_1.gguf
 	$(BIN)/llmman serve
 
 # Every test tier plus the linters and mypy; .ci/run calls exactly this.
 test: setup-test lint
-	LLMMAN_TEST_MODEL=$$HOME/.cache/llmman/models/SmolLM2-135M-Instruct.Q4_1.gguf \
+	LLMMAN_TEST_MODEL=$(MODELS)/SmolLM2-135M-Instruct.Q4_1.gguf \
 	  $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 lint:
@@ -35,5 +37,5 @@ unit: setup-venv
 	$(BIN)/python -m pytest -q tests/unit
 
 bench: setup-test
-	LLMMAN_TEST_MODEL=$$HOME/.cache/llmman/models/SmolLM2-135M-Instruct.Q4_1.gguf \
+	LLMMAN_TEST_MODEL=$(MODELS)/SmolLM2-135M-Instruct.Q4_1.gguf \
 	  $(BIN)/python bench/bench_proxy.py

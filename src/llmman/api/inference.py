@@ -27,6 +27,7 @@ import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response
 
+from llmman.api.cancel import unless_disconnected
 from llmman.api.relay import PeerAnswer
 from llmman.api.services import Services
 from llmman.cluster.forward import forward_headers, open_forward
@@ -97,10 +98,14 @@ async def _forward(request: Request, services: Services, target: Target, model: 
     path = request.url.path
     path_qs = path + (f"?{request.url.query}" if request.url.query else "")
     client_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+    body = await request.body()
+    opening = open_forward(peers, target.address, request.method, path_qs, body,
+                           forward_headers(client_headers, peers, target.source, target.digest),
+                           read_timeout=services.settings.load_timeout)
     try:
-        response = await open_forward(peers, target.address, request.method, path_qs, await request.body(),
-                                      forward_headers(client_headers, peers, target.source, target.digest),
-                                      read_timeout=services.settings.load_timeout)
+        # A client that goes away before the peer's status line (a non-streamed answer arrives whole)
+        # cancels the forward, which closes the connection and so the work on the peer (499).
+        response = await unless_disconnected(request, opening)
     except (OSError, aiohttp.ClientError, TimeoutError) as exc:
         router.failed(target, str(exc) or type(exc).__name__)
         return None
