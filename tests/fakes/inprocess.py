@@ -86,15 +86,26 @@ class InProcessApp:
 
     def __enter__(self) -> InProcessApp:
         self._thread.start()
-        self.call(self._setup())
+        try:
+            self.call(self._setup())
+        except BaseException:
+            self._stop_loop()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
             self.call(self._teardown(), timeout=60)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def __del__(self) -> None:  # an app never entered still owns its loop
+        if not self._loop.is_closed() and not self._thread.is_alive():
             self._loop.close()
 
     async def _setup(self) -> None:

@@ -40,7 +40,10 @@ _seen: dict[str, list[Any]] = {"connects": [], "lookups": []}
 _armed = threading.Event()
 
 
-def _audit(event: str, args: tuple[Any, ...]) -> None:
+def _audit(event: str, args: tuple[Any, ...], _armed: threading.Event = _armed,
+           _seen: dict[str, list[Any]] = _seen) -> None:
+    # The hook outlives the module (audit hooks cannot be removed): it holds its own references, so it
+    # still works while the interpreter tears module globals down at exit.
     if not _armed.is_set():
         return
     if event == "socket.connect":
