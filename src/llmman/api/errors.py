@@ -61,6 +61,20 @@ def unexpected_message(exc: BaseException) -> str:
     return "internal server error"
 
 
+class StartTracker:
+    """Wraps an ASGI ``send`` and remembers whether the response has started (its status line went
+    out), so a middleware knows whether it may still answer with an error of its own."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
 class CatchAll:
     """The safety net inside the CORS/Host guard (a pure ASGI middleware): an exception no handler took
     becomes a 500 in the route's dialect, logged with its traceback, and is NOT re-raised, so uvicorn keeps
@@ -73,19 +87,12 @@ class CatchAll:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        tracked = StartTracker(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, tracked)
         except ClientDisconnect:
             log.debug("%s %s: the client went away while sending its body", scope["method"], scope["path"])
         except Exception as exc:
             log.exception("unhandled error on %s %s", scope["method"], scope["path"], exc_info=exc)
-            if not started:
+            if not tracked.started:
                 await error_response(scope["path"], unexpected_message(exc), 500)(scope, receive, send)

@@ -26,7 +26,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from llmman.api.errors import error_response
+from llmman.api.errors import StartTracker, error_response
 
 log = logging.getLogger("llmman.api")
 
@@ -80,7 +80,6 @@ class BodyLimits:
             return
         received = 0
         done = False
-        started = False
 
         async def limited_receive() -> Message:
             nonlocal received, done
@@ -100,17 +99,12 @@ class BodyLimits:
                 done = True
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        tracked = StartTracker(send)
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, tracked)
         except _Refused as exc:
             log.info("%s %s: %s", scope["method"], path, exc.message)
-            if not started:
+            if not tracked.started:
                 await _answer(scope, send, exc.status, exc.message)
 
 

@@ -125,10 +125,13 @@ class Router:
 
     async def decide(self, name: str, intent: Intent, origin: Origin, *, fresh: bool = False) -> Decision:
         """Where the request for model ``name`` runs (``fresh``: skip the recent-loaded memory)."""
-        peers, ref = self.peers, self.reference(name)
+        peers = self.peers
+        if not peers:  # a node on its own: nothing to decide (and no name to read)
+            return Local()
+        ref = self.reference(name)
         if origin.hop:
-            return await self._hop(origin, ref) if peers else Local()
-        if not peers or ref is None or self._loaded_here(ref):
+            return await self._hop(origin, ref)
+        if ref is None or self._loaded_here(ref):
             return Local()
         if intent is not Intent.INFER:
             peers.recent.forget(ref)
@@ -167,7 +170,7 @@ class Router:
     async def _hop(self, origin: Origin, ref: str | None) -> Local:
         """A forwarded request: served here, copying from the source it names when that is a peer."""
         peers = self.peers
-        if peers is None or origin.source is None:
+        if not peers or origin.source is None:
             return Local()
         address = configured_source(origin.source, origin.client_host, peers.addresses)
         if address is None and "*" in origin.source and ref is not None \
