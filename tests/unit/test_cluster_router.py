@@ -30,6 +30,10 @@ DIGEST = "sha256:" + "a" * 64
 class Snap:
     reference: str
     memory: int
+    refcount: int = 0
+    slots: int = 4
+    ready: bool = True
+    draining: bool = False
 
 
 @dataclass
@@ -41,13 +45,17 @@ class Stored:
 
 @dataclass
 class FakeScheduler:
-    """The two things a router reads of the scheduler: what is loaded and the capacity."""
+    """What a router reads of the scheduler: what is loaded, the capacity, the queue, the node state."""
 
     capacity: int
     loaded: Mapping[str, int] = field(default_factory=dict)
+    draining: bool = False
 
     def snapshot(self) -> list[Snap]:
         return [Snap(ref, size) for ref, size in self.loaded.items()]
+
+    def queued(self) -> int:
+        return 0
 
 
 @dataclass

@@ -149,6 +149,14 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_IMPORT_DIRS": "/srv/models, /data/gguf",
         "LLMMAN_PEERS": "",  # empty is a value here: "no peers" (aggregation opt-out)
         "LLMMAN_PEER_API_KEY": "pk",
+        "LLMMAN_SPREAD": " Loaded ",
+        "LLMMAN_MAX_REPLICAS": "3",
+        "LLMMAN_REPLICA_AFTER": "500ms",
+        "LLMMAN_PEER_REFRESH": "250ms",
+        "LLMMAN_STALL_TIMEOUT": "2s",
+        "LLMMAN_AFFINITY": "no",
+        "LLMMAN_NODE_NAME": "spark",
+        "LLMMAN_FALLBACK": "yes",
         "LLMMAN_API_KEYS": "k1,k2",
         "LLMMAN_API_KEY": "k2",
         "LLMMAN_AUTH": "off",
@@ -174,10 +182,17 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
     assert (s.cert_file, s.key_file, s.ca_file) == ("/c.pem", "/k.pem", "/ca.pem")
     assert s.insecure_registries == ("reg.lan:5000", "Other.lan")
     assert s.auth_file == Path("/creds/auth.json")
+    assert (s.spread, s.max_replicas, s.replica_after, s.refresh) == ("loaded", 3, 0.5, 0.25)
+    assert (s.stall_timeout, s.affinity, s.name, s.fallback) == (2.0, False, "spark", True)
     assert {origin for key, origin in s.origins.items()} == {f"env {spec.env}" for spec in SETTINGS}
 
 
 # --- errors ------------------------------------------------------------------------------------------
+
+
+def test_a_setting_with_choices_names_them(files: tuple[Path, Path]) -> None:
+    with pytest.raises(ConfigError, match="expected one of off, loaded, replicas"):
+        load(files, {"LLMMAN_SPREAD": "sometimes"})
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ import aiohttp
 from llmman.cluster.placement import LOCAL, NodeView
 from llmman.cluster.recent import LOADED_TTL_S, RecentLoaded
 from llmman.cluster.source import is_self
+from llmman.cluster.state import node_document, parse_node
 from llmman.config.table import HostAddress, parse_host
 from llmman.errors import ConfigError
 from llmman.sched.scheduler import Scheduler
@@ -66,35 +67,11 @@ def peer_name(address: HostAddress) -> str:
     return address.netloc
 
 
-def local_view(scheduler: Scheduler, store: Store) -> NodeView:
-    """This node as :class:`NodeView` (the same figures as ``GET /llmman/node``)."""
-    loaded: dict[str, int] = {}
-    for snap in scheduler.snapshot():
-        loaded[snap.reference] = loaded.get(snap.reference, 0) + snap.memory
-    stored = {m.reference: m.size for m in store.list()}
-    return NodeView(LOCAL, scheduler.capacity, loaded, stored)
-
-
-def _int_table(value: object) -> dict[str, int] | None:
-    if not isinstance(value, dict):
-        return None
-    out: dict[str, int] = {}
-    for name, size in value.items():
-        if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int):
-            return None
-        out[name] = size
-    return out
-
-
-def parse_node(name: str, url: str, doc: object) -> NodeView | None:
-    """A peer's ``/llmman/node`` answer as :class:`NodeView`; None for anything malformed."""
-    if not isinstance(doc, dict):
-        return None
-    memory = doc.get("memory")
-    loaded, stored = _int_table(doc.get("loaded")), _int_table(doc.get("stored"))
-    if isinstance(memory, bool) or not isinstance(memory, int) or loaded is None or stored is None:
-        return None
-    return NodeView(name, max(0, memory), loaded, stored, url)
+def local_view(scheduler: Scheduler, store: Store, *, name: str = "", fallback: bool = False) -> NodeView:
+    """This node as :class:`NodeView`: its own ``/llmman/node`` document, read as a peer reads it."""
+    view = parse_node(LOCAL, "", node_document(scheduler, store, name=name, fallback=fallback, max_queue=0))
+    assert view is not None  # our own document always parses
+    return view
 
 
 class Peers:

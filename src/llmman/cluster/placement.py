@@ -21,6 +21,40 @@ LOCAL = "local"
 
 
 @dataclass(frozen=True)
+class ModelLoad:
+    """How busy one loaded model is on a node (``/llmman/node`` ``models``).
+
+    Attributes:
+        slots: llama-server slots (requests served at once); 0 = unknown (an older node).
+        in_flight: requests being served now.
+        queued: requests waiting for a slot or for the load.
+        loading: the model is still loading.
+        draining: an unload was asked for: it takes no new requests and goes when these finish.
+    """
+
+    slots: int = 0
+    in_flight: int = 0
+    queued: int = 0
+    loading: bool = False
+    draining: bool = False
+
+    @property
+    def busy(self) -> int:
+        """Requests on this copy, served or waiting."""
+        return self.in_flight + self.queued
+
+    @property
+    def spare(self) -> int:
+        """Slots free for one more request now (never negative; unknown slots count as one)."""
+        return max(0, (self.slots or 1) - self.busy)
+
+    @property
+    def saturated(self) -> bool:
+        """Every slot busy and requests waiting: one more request would wait too."""
+        return self.busy >= (self.slots or 1) and self.queued > 0
+
+
+@dataclass(frozen=True)
 class NodeView:
     """One node as a placement sees it (``GET /llmman/node``).
 
@@ -30,6 +64,10 @@ class NodeView:
         loaded: reference -> bytes of each loaded model.
         stored: reference -> weight bytes of each stored model.
         url: the peer's base URL (``http://host:port``); empty for this node.
+        node: the node's own name (``node.name``); empty from an older node.
+        state: ``serving`` or ``draining`` (takes no new placements).
+        fallback: a fallback-only node (``node.fallback``).
+        models: reference -> how busy each loaded model is (empty from an older node).
     """
 
     name: str
@@ -37,6 +75,19 @@ class NodeView:
     loaded: Mapping[str, int] = field(default_factory=dict)
     stored: Mapping[str, int] = field(default_factory=dict)
     url: str = ""
+    node: str = ""
+    state: str = "serving"
+    fallback: bool = False
+    models: Mapping[str, ModelLoad] = field(default_factory=dict)
+
+    @property
+    def draining(self) -> bool:
+        return self.state == "draining"
+
+    def load_of(self, ref: str) -> ModelLoad | None:
+        """How busy ``ref`` is here (case-insensitive), or None when it is not loaded or unknown."""
+        key = ref.lower()
+        return next((m for name, m in self.models.items() if name.lower() == key), None)
 
     @property
     def is_local(self) -> bool:

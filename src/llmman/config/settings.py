@@ -14,6 +14,7 @@ other tools' variables (``PATH``, ``HF_*``, ``DOCKER_CONFIG``) included, as :att
 from __future__ import annotations
 
 import os
+import platform
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -90,6 +91,14 @@ class Settings:
     reserve: int = 0
     peers: str = ""
     api_key: str = ""
+    spread: str = "replicas"
+    max_replicas: int = 0
+    replica_after: float = 2.0
+    refresh: float = 1.0
+    stall_timeout: float = 5.0
+    affinity: bool = True
+    name: str = ""
+    fallback: bool = False
     api_keys: str = ""
     enforce: bool = True
     client_key: str = ""
@@ -119,6 +128,11 @@ class Settings:
     def peer_list(self) -> tuple[str, ...]:
         """``aggregation.peers`` parsed: one ``LLMMAN_HOST``-style entry per peer."""
         return split_list(self.peers)
+
+    @property
+    def node_name(self) -> str:
+        """This node's name in the pool: ``node.name``, else the host name."""
+        return self.name.strip() or platform.node() or "localhost"
 
     @property
     def data_dir(self) -> Path:

@@ -166,6 +166,7 @@ class SettingSpec:
     minimum: int | None = None
     empty_env: bool = False  # an empty variable is a value ("" = none), not "unset"
     keys: bool = False  # comma-separated secrets: a blank entry is an error, never "no key" (check_keys)
+    choices: tuple[str, ...] = ()  # a STR setting's allowed values (lower-cased); empty = any text
 
     @property
     def attr(self) -> str:
@@ -221,6 +222,24 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 empty_env=True),
     SettingSpec("aggregation.api_key", "LLMMAN_PEER_API_KEY", None, Kind.STR, "",
                 "Key presented to peers; empty = the first of auth.api_keys."),
+    SettingSpec("aggregation.spread", "LLMMAN_SPREAD", None, Kind.STR, "replicas",
+                "off = the seed's rules; loaded = spread over loaded copies; replicas = also load more.",
+                choices=("off", "loaded", "replicas")),
+    SettingSpec("aggregation.max_replicas", "LLMMAN_MAX_REPLICAS", None, Kind.INT, "0",
+                "Most loaded copies of one model in the pool under spread = replicas; 0 = one per node.",
+                minimum=0),
+    SettingSpec("aggregation.replica_after", "LLMMAN_REPLICA_AFTER", None, Kind.DURATION, "2s",
+                "How long every loaded copy must be saturated before another copy is loaded."),
+    SettingSpec("aggregation.refresh", "LLMMAN_PEER_REFRESH", None, Kind.DURATION, "1s",
+                "How often each peer's state is fetched in the background (with jitter)."),
+    SettingSpec("aggregation.stall_timeout", "LLMMAN_STALL_TIMEOUT", None, Kind.DURATION, "5s",
+                "A forward silent this long is checked: a peer not answering its probe is given up."),
+    SettingSpec("aggregation.affinity", "LLMMAN_AFFINITY", None, Kind.BOOL, "true",
+                "Send a conversation's next turns to the node that served it (prompt cache reuse)."),
+    SettingSpec("node.name", "LLMMAN_NODE_NAME", None, Kind.STR, "",
+                "This node's name in the pool (/llmman/pool, x-llmman-node); empty = the host name."),
+    SettingSpec("node.fallback", "LLMMAN_FALLBACK", None, Kind.BOOL, "false",
+                "Fallback-only: chosen only when no other node can serve (down, no room, saturated)."),
     SettingSpec("auth.api_keys", "LLMMAN_API_KEYS", None, Kind.STR, "",
                 "API keys clients must present, comma-separated; empty = no authentication.", keys=True),
     SettingSpec("auth.enforce", "LLMMAN_AUTH", None, Kind.BOOL, "true",
@@ -343,6 +362,11 @@ def convert(spec: SettingSpec, raw: object, *, strict_types: bool) -> object:
         return Path(raw.strip()).expanduser()
     if spec.keys:
         return check_keys(raw)
+    if spec.choices:
+        value = raw.strip().lower()
+        if value not in spec.choices:
+            raise ValueError(f"expected one of {', '.join(spec.choices)}, got {raw!r}")
+        return value
     return raw
 
 

@@ -84,6 +84,7 @@ class Scheduler:
         self._admission = Admission(capacity=capacity, max_loaded=max_loaded)
         self._max_queue = max_queue
         self.healer = Healer(base=heal_base)
+        self.draining = False  # the node takes no new placements (llmman drain); see drain()
 
     @property
     def capacity(self) -> int:

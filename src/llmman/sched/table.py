@@ -75,6 +75,8 @@ class LoadedSnapshot:
     memory: int = 0
     memory_device: int = 0
     embedding: bool = False  # an ``--embeddings`` child, beside any chat child of the same model
+    slots: int = 0  # llama-server slots (``-np``): requests served at once, the rest wait in its queue
+    draining: bool = False  # an unload was asked for: it goes when the requests in flight finish
 
 
 class Lease:
@@ -152,4 +154,6 @@ def snapshot_of(entry: LoadedModel, now: float) -> LoadedSnapshot:
         memory=entry.memory,
         memory_device=entry.usage_device,
         embedding=entry.plan.embedding,
+        slots=entry.plan.n_parallel,
+        draining=entry.unload_when_idle or entry.evicting,
     )

@@ -1,0 +1,110 @@
+"""A node's state as its peers see it: the ``GET /llmman/node`` document, built and read in one place.
+
+Document (bytes, counts)::
+
+    {"memory": capacity, "free": capacity - loaded, "loaded": {ref: bytes}, "stored": {ref: bytes},
+     "in_flight": n, "queued": n, "max_queue": n,
+     "name": "spark", "version": "0.1.0", "state": "serving" | "draining", "fallback": false,
+     "models": {ref: {"slots": n, "in_flight": n, "queued": n, "loading": bool, "draining": bool}}}
+
+The first line is the seed's shape (``memory``, ``loaded``, ``stored``), which is all an older node sends
+and all :func:`parse_node` requires; the rest is optional on reading, so old and new nodes interoperate.
+``memory`` is what llmman offers for models (0 = unknown: no limit is enforced); ``loaded`` counts each
+loaded or loading model at llama-server's reported figure once loaded, else its estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from llmman import __version__
+from llmman.cluster.placement import ModelLoad, NodeView
+from llmman.sched.scheduler import Scheduler
+from llmman.sched.table import LoadedSnapshot
+from llmman.store import Store
+
+SERVING = "serving"
+DRAINING = "draining"
+
+
+def model_loads(snaps: Iterable[LoadedSnapshot]) -> dict[str, ModelLoad]:
+    """Per loaded reference, how busy it is (an embedding child adds to its model's figures)."""
+    out: dict[str, ModelLoad] = {}
+    for snap in snaps:
+        served = min(snap.refcount, snap.slots) if snap.ready else 0
+        mine = ModelLoad(snap.slots, served, snap.refcount - served, not snap.ready, snap.draining)
+        seen = out.get(snap.reference)
+        if seen is not None:
+            mine = ModelLoad(seen.slots + mine.slots, seen.in_flight + mine.in_flight,
+                             seen.queued + mine.queued, seen.loading and mine.loading,
+                             seen.draining or mine.draining)
+        out[snap.reference] = mine
+    return out
+
+
+def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bool,
+                  max_queue: int) -> dict[str, Any]:
+    """This node's ``/llmman/node`` document (see the module docstring)."""
+    snaps = scheduler.snapshot()
+    loaded: dict[str, int] = {}
+    for snap in snaps:
+        loaded[snap.reference] = loaded.get(snap.reference, 0) + snap.memory
+    capacity = scheduler.capacity
+    queued = scheduler.queued()
+    return {
+        "memory": capacity,
+        "free": max(0, capacity - sum(loaded.values())),
+        "loaded": loaded,
+        "stored": {m.reference: m.size for m in store.list()},
+        "in_flight": sum(snap.refcount for snap in snaps) - queued,
+        "queued": queued,
+        "max_queue": max_queue,
+        "name": name,
+        "version": __version__,
+        "state": DRAINING if scheduler.draining else SERVING,
+        "fallback": fallback,
+        "models": {ref: {"slots": m.slots, "in_flight": m.in_flight, "queued": m.queued,
+                         "loading": m.loading, "draining": m.draining}
+                   for ref, m in model_loads(snaps).items()},
+    }
+
+
+def _int_table(value: object) -> dict[str, int] | None:
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, int] = {}
+    for name, size in value.items():
+        if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int):
+            return None
+        out[name] = size
+    return out
+
+
+def _count(doc: dict[str, Any], key: str) -> int:
+    value = doc.get(key)
+    return max(0, value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _models(value: object) -> dict[str, ModelLoad]:
+    """The optional ``models`` table; entries that are not objects are left out."""
+    if not isinstance(value, dict):
+        return {}
+    return {ref: ModelLoad(_count(m, "slots"), _count(m, "in_flight"), _count(m, "queued"),
+                           m.get("loading") is True, m.get("draining") is True)
+            for ref, m in value.items() if isinstance(ref, str) and isinstance(m, dict)}
+
+
+def parse_node(name: str, url: str, doc: object) -> NodeView | None:
+    """A ``/llmman/node`` document as :class:`NodeView` named ``name``; None when the seed's part
+    (``memory``, ``loaded``, ``stored``) is malformed. Newer fields are read when present and valid."""
+    if not isinstance(doc, dict):
+        return None
+    memory = doc.get("memory")
+    loaded, stored = _int_table(doc.get("loaded")), _int_table(doc.get("stored"))
+    if isinstance(memory, bool) or not isinstance(memory, int) or loaded is None or stored is None:
+        return None
+    node = doc.get("name")
+    state = DRAINING if doc.get("state") == DRAINING else SERVING
+    return NodeView(name, max(0, memory), loaded, stored, url, node=node if isinstance(node, str) else "",
+                    state=state, fallback=doc.get("fallback") is True, models=_models(doc.get("models")))
