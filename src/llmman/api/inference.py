@@ -50,11 +50,13 @@ class Call:
         model: the model name as the client sent it.
         serve: the dialect's local serving step, given the model found in (or fetched into) the store.
         intent: what the request wants of the model (an unload, a show, or anything else).
+        conversation: the conversation key of a chat (llmman.protocol.conversation), for affinity.
     """
 
     model: str
     serve: Serve
     intent: Intent = Intent.INFER
+    conversation: str | None = None
 
 
 def origin(request: Request) -> Origin:
@@ -73,13 +75,14 @@ async def run(request: Request, call: Call) -> Response:
     services: Services = request.app.state.services
     router = services.router
     where = origin(request)
-    decision = await router.decide(call.model, call.intent, where)
+    decision = await router.decide(call.model, call.intent, where, conversation=call.conversation)
     while isinstance(decision, Forward):
         for target in decision.targets:
             answer = await _forward(request, services, target, call.model)
             if answer is not None:
                 return answer
-        decision = decision.otherwise or await router.decide(call.model, call.intent, where, fresh=True)
+        decision = decision.otherwise or await router.decide(call.model, call.intent, where, fresh=True,
+                                                             conversation=call.conversation)
     return await call.serve(await _ensure(services, call, decision))
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -97,6 +97,7 @@ class Peers:
         self._retry_task: asyncio.Task[None] | None = None
         self._probing: asyncio.Future[list[NodeView]] | None = None
         self.recent = RecentLoaded(loaded_ttl)
+        self._forwarding: dict[tuple[str, str], int] = {}  # (peer name, reference lower-cased) -> forwards open
 
     def __bool__(self) -> bool:
         return bool(self.addresses)
@@ -148,6 +149,27 @@ class Peers:
             self.mark_down(address, why)
             return None
         return view
+
+    @contextlib.contextmanager
+    def forwarding(self, address: HostAddress, ref: str) -> Iterator[None]:
+        """Count one request forwarded to ``address`` for model ``ref`` while it runs (optimistic
+        accounting: a burst sees the requests it sent before the peer's next state says so)."""
+        key = (peer_name(address), ref.lower())
+        self._forwarding[key] = self._forwarding.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._forwarding[key] -= 1
+            if not self._forwarding[key]:
+                del self._forwarding[key]
+
+    def forwarded(self, address: HostAddress, ref: str) -> int:
+        """Requests this node has open on ``address`` for ``ref`` now."""
+        return self._forwarding.get((peer_name(address), ref.lower()), 0)
+
+    async def current(self) -> list[NodeView]:
+        """The peers' views to decide on: the background refresh's when fresh, else one probe round."""
+        return await self.probe()
 
     async def probe(self) -> list[NodeView]:
         """Every peer not known to be down, asked at once; the ones that answered in time. A call made

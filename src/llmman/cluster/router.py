@@ -123,8 +123,17 @@ class Router:
         except LlmmanError:
             return None
 
-    async def decide(self, name: str, intent: Intent, origin: Origin, *, fresh: bool = False) -> Decision:
-        """Where the request for model ``name`` runs (``fresh``: skip the recent-loaded memory)."""
+    async def decide(self, name: str, intent: Intent, origin: Origin, *, fresh: bool = False,
+                     tried: frozenset[str] = frozenset(), conversation: str | None = None) -> Decision:
+        """Where the request for model ``name`` runs.
+
+        Args:
+            fresh: skip the recent-loaded memory.
+            tried: nodes already tried for this request (``local`` and peer names): left out; when
+                nothing else is left the answer is :class:`Local` (the caller knows local was tried).
+            conversation: the request's conversation key (:mod:`llmman.protocol.conversation`), for
+                affinity; None = none.
+        """
         peers = self.peers
         if not peers:  # a node on its own: nothing to decide (and no name to read)
             return Local()
@@ -139,8 +148,10 @@ class Router:
             log.debug("placement of %s: %s (loaded there, probed %.1f s ago)", ref, peer_name(seen[0]),
                       seen[1])
             return Forward((Target(seen[0]),), otherwise=None)
-        nodes = [local_view(self._scheduler, self._store), *await peers.probe()]
-        candidates = _candidates(intent, ref, nodes)
+        nodes = [local_view(self._scheduler, self._store), *await peers.current()]
+        candidates = [n for n in _candidates(intent, ref, nodes) if n.name not in tried]
+        if not candidates:
+            return Local()
         log.debug("placement of %s: %s (free/memory: %s)", ref, [n.name for n in candidates],
                   {n.name: f"{n.free}/{n.memory}" for n in nodes})
         if intent is Intent.INFER and candidates[0].has_loaded(ref) and not candidates[0].is_local:
