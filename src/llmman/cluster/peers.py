@@ -97,7 +97,7 @@ class Peers:
         self._retry_task: asyncio.Task[None] | None = None
         self._probing: asyncio.Future[list[NodeView]] | None = None
         self.recent = RecentLoaded(loaded_ttl)
-        self._forwarding: dict[tuple[str, str], int] = {}  # (peer name, reference lower-cased) -> forwards open
+        self._forwarding: dict[tuple[str, str], int] = {}  # (peer, reference lower-cased) -> open
 
     def __bool__(self) -> bool:
         return bool(self.addresses)
