@@ -40,6 +40,7 @@ from llmman.registry.puller import Puller
 from llmman.runner.argv import LaunchSpec, child_env
 from llmman.runner.binary import find_llama_server
 from llmman.runner.process import LlamaServerProcess
+from llmman.sched.devices import child_devices
 from llmman.sched.gpu import node_memory
 from llmman.sched.scheduler import Launcher, ModelPlan, Runner, Scheduler
 from llmman.sizes import format_bytes
@@ -94,6 +95,7 @@ def launch_spec(plan: ModelPlan) -> LaunchSpec:
     """The child's :class:`LaunchSpec` for ``plan`` (pure): slots, ``-ngl`` and extra argv come from the
     plan, i.e. from the model's preset (llmman.config.presets) where it has one."""
     pooling = ("--pooling", plan.pooling) if plan.pooling else ()
+    devices = child_devices(plan.placement, plan.devices)  # where admission placed it (sched/devices.py)
     return LaunchSpec(
         model_path=Path(plan.model_path),
         alias=plan.reference,
@@ -102,6 +104,9 @@ def launch_spec(plan: ModelPlan) -> LaunchSpec:
         mmproj=Path(plan.mmproj_path) if plan.mmproj_path else None,
         n_gpu_layers=plan.n_gpu_layers,
         embedding=plan.embedding,
+        split_mode=devices.split_mode,
+        main_gpu=devices.main_gpu,
+        tensor_split=devices.tensor_split,
         extra_args=pooling + plan.extra_args,
     )
 
@@ -125,7 +130,7 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
         process = LlamaServerProcess(
             binary,
             spec,
-            env=device_env(env, plan.devices),  # a preset's devices: *_VISIBLE_DEVICES
+            env=device_env(env, child_devices(plan.placement, plan.devices).visible),  # *_VISIBLE_DEVICES
             log_path=settings.logs_dir / log_name,
             stall_timeout=settings.load_timeout,
             on_exit=on_exit,
@@ -172,6 +177,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         make_launcher(settings, binary, dict(os.environ)),
         default_keep_alive=settings.keep_alive,
         capacity=node.capacity,
+        node_memory=node,  # per-device admission on a GPU node (sched/devices.py)
         max_loaded=settings.max_loaded_models,
         max_queue=settings.max_queue,
         heal_base=settings.restart_backoff,

@@ -72,14 +72,36 @@ def test_nvml_recorded_figures() -> None:
 def test_nvml_without_driver_falls_back_to_ram() -> None:
     assert nvidia_devices(RecordedNVML([], fail_init=True)) == []
     accelerator, devices = discover(nvml=lambda: RecordedNVML([], fail_init=True), sysfs=Path("/nonexistent"),
-                                    system="linux")
+                                    system="linux", environ={})
     assert accelerator == "cpu"
     assert devices[0].total > 0 and devices[0].name == "system RAM"
 
 
 def test_discover_prefers_nvidia_then_apple() -> None:
-    assert discover(nvml=lambda: RecordedNVML([H200]))[0] == "cuda"
-    assert discover(nvml=lambda: None, system="darwin", machine="arm64")[0] == "metal"
+    assert discover(nvml=lambda: RecordedNVML([H200]), environ={})[0] == "cuda"
+    assert discover(nvml=lambda: None, system="darwin", machine="arm64", environ={})[0] == "metal"
+
+
+@pytest.mark.parametrize(
+    ("variable", "indexes"),
+    [
+        (None, [0, 1]),  # unset: every card
+        ("1", [1]),  # the daemon's children can use only card 1: count only it, under its NVML index
+        ("0,1", [0, 1]),
+        ("GPU-8f6e0d5a-0000", [0, 1]),  # a UUID is not read: every card, as before
+    ],
+)
+def test_the_daemons_visible_devices_limit_what_is_counted(variable: str | None, indexes: list[int]) -> None:
+    environ = {} if variable is None else {"CUDA_VISIBLE_DEVICES": variable}
+    accelerator, devices = discover(nvml=lambda: RecordedNVML([H200, SECOND]), environ=environ)
+    assert accelerator == "cuda"
+    assert [d.index for d in devices] == indexes
+
+
+def test_no_visible_gpu_falls_back_to_ram() -> None:
+    accelerator, _ = discover(nvml=lambda: RecordedNVML([H200]), sysfs=Path("/nonexistent"), system="linux",
+                              environ={"CUDA_VISIBLE_DEVICES": ""})
+    assert accelerator == "cpu"
 
 
 def _card(root: Path, name: str, vendor: str, total: int, used: int) -> None:
@@ -95,7 +117,9 @@ def test_amd_sysfs(tmp_path: Path) -> None:
     _card(tmp_path, "card1", "0x1002", 17163091968, 1073741824)  # Radeon RX 7800 XT, recorded
     (tmp_path / "class" / "drm" / "card1-DP-1").mkdir()  # a connector, not a card
     assert amd_devices(tmp_path) == [Device("rocm", 0, "card1", 17163091968, 17163091968 - 1073741824)]
-    assert discover(nvml=lambda: None, sysfs=tmp_path, system="linux")[0] == "rocm"
+    assert discover(nvml=lambda: None, sysfs=tmp_path, system="linux", environ={})[0] == "rocm"
+    assert discover(nvml=lambda: None, sysfs=tmp_path, system="linux", environ={"HIP_VISIBLE_DEVICES": "1"},
+                    )[0] == "cpu"  # the one AMD card is index 0, hidden from the children
 
 
 @pytest.mark.parametrize(

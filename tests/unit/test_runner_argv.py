@@ -98,8 +98,11 @@ def test_child_env_scrubs_llama_variables_and_keeps_the_rest(tmp_path: Path) -> 
         "HIP_VISIBLE_DEVICES": "0",
         "LLAMA_CACHE": "/cache",
         "XDG_CONFIG_HOME": str(tmp_path),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA numbers the GPUs as NVML does
     }
     assert parent["LLAMA_API_KEY"] == "secret"  # the parent mapping is not modified
+    assert child_env({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, config_home=tmp_path)["CUDA_DEVICE_ORDER"] == (
+        "FASTEST_FIRST")  # the user's own choice is kept
 
 
 def _executable(path: Path) -> Path:
@@ -149,3 +152,25 @@ def test_free_port_is_bindable() -> None:
     assert 0 < port < 65536
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "flags"),
+    [
+        ({}, []),  # no placement: llama-server's own defaults
+        ({"split_mode": "none", "main_gpu": 1}, ["-sm", "none", "-mg", "1"]),  # one device of those visible
+        ({"tensor_split": (0.6, 0.4)}, ["-ts", "0.6,0.4"]),  # a split, in the order of the visible devices
+        ({"tensor_split": (0.0, 2 / 3, 1 / 3)}, ["-ts", "0,0.6667,0.3333"]),
+        ({"tensor_split": (1.0,)}, ["-ts", "1"]),
+    ],
+)
+def test_device_flags(kwargs: dict[str, object], flags: list[str]) -> None:
+    spec = LaunchSpec(MODEL, "a", 8, extra_args=("--no-warmup",), **kwargs)  # type: ignore[arg-type]
+    argv = build_argv("b", spec, host="h", port=1)
+    assert argv[argv.index("4") + 1:] == [*flags, "--no-warmup"]  # after --log-verbosity 4, before extra_args
+
+
+@pytest.mark.parametrize("split", [(0.0, 0.0), (-0.5, 1.5)])
+def test_nonsense_tensor_split_is_refused(split: tuple[float, ...]) -> None:
+    with pytest.raises(BadRequest, match="tensor split"):
+        LaunchSpec(MODEL, "a", 8, tensor_split=split)

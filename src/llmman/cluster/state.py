@@ -20,6 +20,7 @@ from typing import Any
 
 from llmman import __version__
 from llmman.cluster.placement import ModelLoad, NodeView
+from llmman.sched.devices import device_document
 from llmman.sched.scheduler import Scheduler
 from llmman.sched.table import LoadedSnapshot
 from llmman.store import Store
@@ -67,6 +68,7 @@ def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bo
         "models": {ref: {"slots": m.slots, "in_flight": m.in_flight, "queued": m.queued,
                          "loading": m.loading, "draining": m.draining}
                    for ref, m in model_loads(snaps).items()},
+        "devices": device_document(scheduler.node_memory, snaps),
     }
 
 

@@ -32,6 +32,10 @@ class LaunchSpec:
         n_gpu_layers: ``-ngl`` (-1 = auto, -2 = all, N = last N layers), or None for llama-server's default.
         embedding: start with ``--embeddings`` (llama-server then still answers chat routes too).
         threads: ``-t`` CPU threads, or None for llama-server's default (physical cores).
+        split_mode: ``-sm`` (``none``: the whole model on the one device ``main_gpu``), or None.
+        main_gpu: ``-mg``, the index among the child's visible devices, or None.
+        tensor_split: ``-ts``, the fraction of the model on each visible device in order, or () for
+            llama-server's default (in proportion to each device's free memory).
         extra_args: appended verbatim after everything else (later flags win in llama-server).
 
     Raises:
@@ -46,6 +50,9 @@ class LaunchSpec:
     n_gpu_layers: int | None = None
     embedding: bool = False
     threads: int | None = None
+    split_mode: str | None = None
+    main_gpu: int | None = None
+    tensor_split: tuple[float, ...] = ()
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -55,6 +62,8 @@ class LaunchSpec:
             raise BadRequest(f"parallel slots must be at least 1, got {self.n_parallel}")
         if not self.alias:
             raise BadRequest("a llama-server child needs a non-empty alias")
+        if any(part < 0 for part in self.tensor_split) or (self.tensor_split and not any(self.tensor_split)):
+            raise BadRequest(f"a tensor split needs parts of at least 0, not all 0, got {self.tensor_split}")
 
 
 def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[str]:
@@ -62,7 +71,7 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
 
     Shape: ``<binary> -m PATH --host H --port P -c (n_ctx*n_parallel) -np N --no-kv-unified -a ALIAS
     --no-ui --metrics --log-verbosity 4 [--mmproj F] [-ngl N] [--embeddings -b n_ctx -ub n_ctx] [-t N]
-    *extra_args``.
+    [-sm MODE] [-mg K] [-ts F0,F1,..] *extra_args``.
 
     Rules, from llama-server b11434: ``-c`` is the total KV size shared by all slots, and an explicit
     ``-np`` with ``--no-kv-unified`` gives each slot a fixed ``c / np``, so ``n_ctx * n_parallel`` guarantees
@@ -72,6 +81,8 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
     memory a model really takes (memory.parse_buffers). An embedding child gets ``-b`` and ``-ub`` equal to
     the per-slot context: with ``--embeddings`` each input must fit in one physical batch (default 512
     tokens, llama-server's ``--ubatch-size``), so this lets every input the slot can hold through.
+    ``-sm``/``-mg``/``-ts`` place the model on the devices the child sees (llmman.sched.devices); the
+    parts of ``-ts`` are proportions, written with up to 4 significant digits.
     """
     argv = [
         binary,
@@ -94,6 +105,12 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
         argv += ["--embeddings", "-b", str(spec.n_ctx), "-ub", str(spec.n_ctx)]
     if spec.threads is not None:
         argv += ["-t", str(spec.threads)]
+    if spec.split_mode is not None:
+        argv += ["-sm", spec.split_mode]
+    if spec.main_gpu is not None:
+        argv += ["-mg", str(spec.main_gpu)]
+    if spec.tensor_split:
+        argv += ["-ts", ",".join(f"{part:.4g}" for part in spec.tensor_split)]
     argv.extend(spec.extra_args)
     return argv
 
@@ -105,8 +122,11 @@ def child_env(parent: Mapping[str, str], *, config_home: Path) -> dict[str, str]
     defaults), ``LLAMA_API_KEY`` (would lock llmman out of its own child), and ``LLAMA_SERVER_ROUTER_PORT``
     / ``LLAMA_SERVER_CHILD_MODE`` (they turn the child into a router child that exits on stdin EOF).
     Sets ``XDG_CONFIG_HOME`` to ``config_home``, an empty directory, so a user's
-    ``~/.config/llama.cpp/config.ini`` cannot change children. Everything else (``PATH``,
-    ``CUDA_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES``, ``LD_LIBRARY_PATH``, ...) is kept.
+    ``~/.config/llama.cpp/config.ini`` cannot change children. Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+    unless the parent sets it, so that CUDA numbers the GPUs as NVML (and ``nvidia-smi``) do: llmman's
+    device indexes come from NVML (llmman.sched.gpu), CUDA's default order is fastest first.
+    Everything else (``PATH``, ``CUDA_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES``, ``LD_LIBRARY_PATH``, ...)
+    is kept.
     """
     env = {
         name: value
@@ -114,4 +134,5 @@ def child_env(parent: Mapping[str, str], *, config_home: Path) -> dict[str, str]
         if name not in _SCRUBBED_NAMES and not name.startswith(_SCRUBBED_PREFIXES)
     }
     env["XDG_CONFIG_HOME"] = str(config_home)
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     return env

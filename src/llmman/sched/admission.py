@@ -7,6 +7,12 @@ Otherwise :func:`llmman.eviction.choose_victims` picks models to unload: idle on
 are marked ``evicting`` and unloaded by the scheduler when their last request ends (never cut), and the
 admission waits for :meth:`Admission.notify`. A model larger than the whole capacity fails at once,
 naming both figures.
+
+On a GPU node (llmman.sched.devices.per_device) the same runs device by device: the model must fit on
+the devices it may use (its preset's ``devices``, else all), :func:`llmman.sched.devices.place` picks one
+device or a split and the choice goes into the entry's plan (``ModelPlan.placement``); only models with a
+part on those devices are candidates to go, each for the bytes it frees there. A model larger than its
+devices' share of the capacity fails at once. Host-only and unknown nodes keep the node-wide rule.
 """
 
 from __future__ import annotations
@@ -15,9 +21,22 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 
 from llmman.errors import LlmmanError
+from llmman.sched.devices import (
+    DeviceRoom,
+    Load,
+    Placement,
+    allowed_devices,
+    frees_on,
+    per_device,
+    place,
+    rooms,
+    shortfall,
+)
 from llmman.sched.eviction import Candidate, choose_victims
+from llmman.sched.gpu import NodeMemory
 from llmman.sched.table import LoadedModel
 from llmman.sizes import format_bytes
 
@@ -30,10 +49,14 @@ class Admission:
     Args:
         capacity: bytes models may take on this node (llmman.sched.gpu.NodeMemory.capacity); 0 = no limit.
         max_loaded: most models loaded at once; 0 = no limit but memory.
+        node_memory: the node's devices, for admission device by device on a GPU node
+            (llmman.sched.devices.per_device); None = ``capacity`` alone.
     """
 
-    def __init__(self, *, capacity: int = 0, max_loaded: int = 0) -> None:
+    def __init__(self, *, capacity: int = 0, max_loaded: int = 0,
+                 node_memory: NodeMemory | None = None) -> None:
         self.capacity = capacity
+        self.node = node_memory
         self._max_loaded = max_loaded
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
@@ -53,27 +76,25 @@ class Admission:
                 503 when the daemon shuts down meanwhile.
         """
         need = entry.plan.estimate
-        if self.capacity and need > self.capacity:
-            raise LlmmanError(
-                f"model {entry.plan.reference} needs {format_bytes(need)} of memory, but this node has "
-                f"{format_bytes(self.capacity)} for models (resources.memory minus resources.reserve)",
-                status=500, code="insufficient_memory",
-            )  # fmt: skip
+        allowed = self._allowed(entry, self._rooms([]))
+        self._check_alone(entry, need, allowed)
         async with self._lock:
             while True:
                 if closed():
                     raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
                 others = [e for e in entries() if e is not entry and e.admitted]
-                short = sum(e.memory for e in others) + need - self.capacity if self.capacity else 0
+                placement, short, frees = self._room(entry, need, others, allowed)
                 excess = len(others) + 1 - self._max_loaded if self._max_loaded else 0
                 if short <= 0 and excess <= 0:
+                    if placement is not None:
+                        entry.plan = replace(entry.plan, placement=placement)
                     entry.admitted = True
                     return
                 keys = {f"{e.plan.reference}#{i}": e for i, e in enumerate(others)}
                 candidates = [
-                    Candidate(key, e.memory, busy=e.refcount > 0 or not e.ready,
+                    Candidate(key, frees(e), busy=e.refcount > 0 or not e.ready,
                               pinned=math.isinf(e.keep_alive), reload_cost=e.plan.size)
-                    for key, e in keys.items()
+                    for key, e in keys.items() if excess > 0 or frees(e) > 0
                 ]  # fmt: skip
                 changed = self._changed
                 unloaded = False
@@ -91,7 +112,59 @@ class Admission:
                 if not unloaded:
                     await changed.wait()
 
+    def _rooms(self, others: list[LoadedModel]) -> list[DeviceRoom]:
+        """The devices with what ``others`` plan on them ([] when admission is node-wide)."""
+        if self.node is None or not per_device(self.node):
+            return []
+        return rooms(self.node, (_load(e) for e in others))
+
+    def _allowed(self, entry: LoadedModel, room: list[DeviceRoom]) -> tuple[int, ...] | None:
+        """The devices ``entry`` may use, or None when it is admitted node-wide (see llmman.sched.devices)."""
+        return allowed_devices(room, entry.plan.devices) if room else None
+
+    def _check_alone(self, entry: LoadedModel, need: int, allowed: tuple[int, ...] | None) -> None:
+        """Fail at once when ``entry`` cannot fit even with nothing else loaded: on its devices (all of
+        them when unpinned) on a GPU node, else in the node's capacity."""
+        if allowed is not None:
+            room = self._rooms([])
+            if entry.plan.devices is not None:
+                mine = sum(r.capacity for r in room if r.index in allowed)
+                where = f"its devices ({entry.plan.devices}, from its preset) have {format_bytes(mine)}"
+            else:
+                mine = sum(r.capacity for r in room)
+                where = f"this node has {format_bytes(mine)}"
+            if need > mine:
+                raise LlmmanError(
+                    f"model {entry.plan.reference} needs {format_bytes(need)} of memory, but {where} for "
+                    f"models (resources.memory minus resources.reserve)",
+                    status=500, code="insufficient_memory",
+                )  # fmt: skip
+        elif self.capacity and need > self.capacity:
+            raise LlmmanError(
+                f"model {entry.plan.reference} needs {format_bytes(need)} of memory, but this node has "
+                f"{format_bytes(self.capacity)} for models (resources.memory minus resources.reserve)",
+                status=500, code="insufficient_memory",
+            )  # fmt: skip
+
+    def _room(self, entry: LoadedModel, need: int, others: list[LoadedModel], allowed: tuple[int, ...] | None,
+              ) -> tuple[Placement | None, int, Callable[[LoadedModel], int]]:
+        """Where ``entry`` would go beside ``others``: its placement (None when node-wide or when it does
+        not fit), the bytes still to free (<= 0: it fits), and what unloading each other model frees."""
+        node = self.node
+        if node is None or allowed is None:
+            short = sum(e.memory for e in others) + need - self.capacity if self.capacity else 0
+            return None, short, lambda e: e.memory
+        room = self._rooms(others)
+        placement = place(need, room, allowed)
+        short = 0 if placement is not None else max(1, shortfall(need, room, allowed))
+        return placement, short, lambda e: frees_on(_load(e), node, allowed)
+
     def notify(self) -> None:
         """Wake admissions waiting for a model to drain or go (a release, an unload, a crash)."""
         self._changed.set()
         self._changed = asyncio.Event()
+
+
+def _load(entry: LoadedModel) -> Load:
+    """``entry`` as counted on devices."""
+    return Load(entry.plan.reference, entry.memory, entry.plan.placement)

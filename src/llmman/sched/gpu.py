@@ -3,7 +3,9 @@
 Sources, first that answers wins: NVIDIA through NVML (``nvidia-ml-py``: ``nvmlDeviceGetMemoryInfo``),
 AMD through sysfs (``/sys/class/drm/card*/device/mem_info_vram_total`` / ``_used``, vendor ``0x1002``),
 Apple Silicon (unified memory: system RAM), else the CPU (system RAM from ``psutil``). A source that
-fails (no driver, no permission) is skipped; when nothing answers the capacity is 0.
+fails (no driver, no permission) is skipped; when nothing answers the capacity is 0. A daemon started with
+``CUDA_VISIBLE_DEVICES`` (NVIDIA) or ``HIP_VISIBLE_DEVICES`` (AMD) set to indexes counts only those devices,
+as its children can use no other (:func:`visible`); the indexes stay the driver's.
 
 The figure the scheduler uses (:attr:`NodeMemory.capacity`, bytes) is
 ``min(total of the devices, [resources] memory when set) - [resources] reserve``, never below 0.
@@ -12,14 +14,16 @@ Every function takes its sources as arguments so that tests replay recorded figu
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Device", "NodeMemory", "amd_devices", "discover", "host_devices", "node_memory", "nvidia_devices"]
+__all__ = ["Device", "NodeMemory", "amd_devices", "discover", "host_devices", "node_memory", "nvidia_devices",
+           "visible"]
 
 AMD_VENDOR = "0x1002"
 
@@ -139,6 +143,20 @@ def host_devices(kind: str = "cpu") -> list[Device]:
     return [Device(kind, 0, name, int(vm.total), int(vm.available))]
 
 
+def visible(devices: list[Device], variable: str | None) -> list[Device]:
+    """The ``devices`` a ``*_VISIBLE_DEVICES`` value lets through: all when unset or not a list of indexes
+    (UUIDs, MIG names: not read), none when empty, else those with the listed indexes."""
+    if variable is None:
+        return devices
+    if not variable.strip():
+        return []
+    try:
+        wanted = {int(part) for part in variable.split(",")}
+    except ValueError:
+        return devices
+    return [d for d in devices if d.index in wanted]
+
+
 def _load_nvml() -> Any:
     try:
         import pynvml  # type: ignore[import-untyped]
@@ -153,12 +171,15 @@ def discover(
     sysfs: Path = Path("/sys"),
     system: str = sys.platform,
     machine: str = platform.machine(),
+    environ: Mapping[str, str] = os.environ,
 ) -> tuple[str, list[Device]]:
-    """Find the accelerator and its devices: ``(accelerator, devices)``; ``("unknown", [])`` if none."""
+    """Find the accelerator and its devices: ``(accelerator, devices)``; ``("unknown", [])`` if none.
+    ``environ`` is the daemon's environment, read for the visible-devices variables (:func:`visible`)."""
     module = nvml()
-    if module is not None and (found := nvidia_devices(module)):
+    cuda, hip = environ.get("CUDA_VISIBLE_DEVICES"), environ.get("HIP_VISIBLE_DEVICES")
+    if module is not None and (found := visible(nvidia_devices(module), cuda)):
         return "cuda", found
-    if system.startswith("linux") and (found := amd_devices(sysfs)):
+    if system.startswith("linux") and (found := visible(amd_devices(sysfs), hip)):
         return "rocm", found
     try:
         if system == "darwin" and machine == "arm64":

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from llmman.runner.crash import Cause
+from llmman.sched.devices import Placement
 
 MAX_KEEP_ALIVE = 292 * 365.25 * 86400.0
 """Seconds; a longer keep_alive means forever (Go's largest duration, where Ollama's ends too)."""
@@ -92,6 +93,8 @@ class ModelPlan:
         n_gpu_layers: ``-ngl`` from the model's preset (llmman.config.presets), or None.
         devices: GPU ids for the child's ``*_VISIBLE_DEVICES`` from its preset, or None.
         extra_args: the preset's ``extra_args``, appended to argv.
+        placement: the devices admission placed it on (llmman.sched.devices.place, set at admission), or
+            None on a host-only or unknown node; not part of :attr:`child` (where it runs, not what).
     """
 
     reference: str
@@ -107,6 +110,7 @@ class ModelPlan:
     n_gpu_layers: int | None = None
     devices: str | None = None
     extra_args: tuple[str, ...] = ()
+    placement: Placement | None = None
 
     @property
     def key(self) -> str:
