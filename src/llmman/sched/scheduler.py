@@ -24,6 +24,21 @@ Self-healing (rules in :mod:`llmman.sched.healing`, state in :mod:`llmman.sched.
 load or a crash is recorded with its classified cause; a cooling-down model answers 503 with
 ``Retry-After``; a pinned or busy model that crashes is restarted after a backoff until the breaker
 opens; an out-of-memory load is retried once with half the context.
+
+Draining (docs/aggregation.md, "Draining a node and stopping a model"):
+
+* a stop (:meth:`Scheduler.unload`, ``llmman stop``) of a busy model marks it draining: the requests on it
+  finish, nobody new joins it (a new request waits until its child has exited, then loads it afresh), so
+  a stop takes effect under steady traffic;
+* :meth:`Scheduler.drain` drains the node: every model unloads as soon as it is idle, whatever its
+  keep_alive (idle ones at once), and no crashed model is restarted; what still reaches the node is
+  served (the router sends new work elsewhere). :meth:`Scheduler.undrain` ends it;
+* a load whose last waiter went away (the client left, or a front node gave up on this peer) is
+  cancelled and its child killed, unless nobody asked for it (a restart) or it is pinned (keep_alive
+  forever: a preload): those load for themselves.
+
+An entry whose child is stopping stays in the table (draining) until the child has exited: its memory is
+still counted by admission and a new load of the same model waits for it.
 """
 
 from __future__ import annotations
@@ -87,7 +102,7 @@ class Scheduler:
         self._admission = Admission(capacity=capacity, max_loaded=max_loaded, node_memory=node_memory)
         self._max_queue = max_queue
         self.healer = Healer(base=heal_base)
-        self.draining = False  # the node takes no new placements (llmman drain); see drain()
+        self.draining = False  # the node is draining (llmman drain): see drain(); read by /llmman/node
 
     @property
     def capacity(self) -> int:
@@ -127,14 +142,18 @@ class Scheduler:
             self.healer.check_request(plan.key, request, plan.reference)
             entry = self._lookup(plan.key, plan.child)
             if (entry is not None and entry.ready and max(entry.plan.n_ctx, entry.oom_ctx) < plan.n_ctx
-                    and entry.refcount == 0):
+                    and entry.refcount == 0 and not entry.leaving):
                 # A bigger context was asked for (than the one loaded, or the one that did not fit)
                 # and nobody is using the model: reload it.
                 await self._unload_entry(entry)
                 continue
-            queued = entry is None or not entry.ready or entry.refcount >= entry.plan.n_parallel
+            queued = (entry is None or not entry.ready or entry.refcount >= entry.plan.n_parallel
+                      or entry.leaving)
             if queued and self._max_queue and self.queued() >= self._max_queue:
                 raise ServerBusy()
+            if entry is not None and entry.leaving:
+                await self._wait_gone(entry)  # a stopped model: its requests finish, then it loads afresh
+                continue
             if entry is None:
                 self.healer.check(plan.key, plan.reference)
                 entry = LoadedModel(plan=plan, keep_alive=self._default_keep_alive)
@@ -145,7 +164,6 @@ class Scheduler:
                 entry.keep_alive = math.inf if keep_alive > MAX_KEEP_ALIVE else keep_alive
             entry.refcount += 1
             self._cancel_timer(entry)
-            entry.unload_when_idle = False
             try:
                 runner = await self._wait_ready(entry)
             except BaseException:
@@ -153,14 +171,32 @@ class Scheduler:
                 if entry.ready:  # cancelled after the load finished: nobody else may start its timer
                     self._idle(entry)
                 elif self._table.get(entry.plan.key) is entry and entry.refcount == 0:
-                    if entry.load_task is None or entry.load_task.done():
-                        self._table.pop(entry.plan.key, None)
+                    self._abandoned(entry)
                 raise
             if self._table.get(entry.plan.key) is not entry:
                 # The model died or was unloaded between ready and now: start over.
                 entry.refcount -= 1
                 continue
             return Lease(self._release, entry, runner, time.monotonic() - started, request)
+
+    async def _wait_gone(self, entry: LoadedModel) -> None:
+        """Wait, counted as queued, until ``entry`` (draining or stopping) has left the table."""
+        entry.held_back += 1
+        try:
+            await entry.gone.wait()
+        finally:
+            entry.held_back -= 1
+
+    def _abandoned(self, entry: LoadedModel) -> None:
+        """The last waiter of ``entry``'s load went away: cancel the load (which kills the child) unless
+        nobody asked for it (a restart) or it is pinned (keep_alive forever, as a preload)."""
+        load = entry.load_task
+        if load is None or load.done():
+            self._drop(entry)
+        elif not entry.restarted and not math.isinf(entry.keep_alive):
+            log.info("nobody waits for %s any more: its load is cancelled", entry.plan.reference)
+            entry.unload_when_idle = True  # a request arriving meanwhile waits for it to go, then loads
+            load.cancel()
 
     def _lookup(self, key: str, child: ChildKey | None = None) -> LoadedModel | None:
         """The entry for table key ``key``: its own, else one already serving it, else (with ``child``,
@@ -188,15 +224,13 @@ class Scheduler:
                      format_bytes(entry.plan.estimate))
             runner = await self._launch_once_more_on_oom(entry)
         except BaseException as exc:
-            if self._table.get(entry.plan.key) is entry:
-                self._table.pop(entry.plan.key, None)
+            self._drop(entry)
             if isinstance(exc, RunnerError) and not self._closed:
                 failure = self.healer.failed_load(entry.plan.key, cause=exc.cause, message=exc.message)
                 if healing.should_restart(failure, pinned=math.isinf(entry.keep_alive), busy=False):
                     # A pinned model (preset preload, keep_alive < 0) is loaded again by itself after
                     # its cool-down, until the breaker opens.
                     self._restart_later(entry.plan, entry.keep_alive, self.healer.delay(failure))
-            self._admission.notify()
             raise
         self.healer.loaded(entry.plan.key)
         usage = parse_buffers(runner.log_lines)
@@ -229,8 +263,10 @@ class Scheduler:
             return await self._launch(entry.plan, lambda r: self._on_exit(entry, r))
 
     def queued(self) -> int:
-        """Requests waiting: for a load, or for a slot of a model whose slots are all busy."""
-        return sum(max(0, e.refcount - e.plan.n_parallel * e.ready) for e in self._table.values())
+        """Requests waiting: for a load, for a slot of a model whose slots are all busy, or for a draining
+        model to go (to load it afresh)."""
+        return sum(max(0, e.refcount - e.plan.n_parallel * e.ready) + e.held_back
+                   for e in self._table.values())
 
     def _release(self, entry: LoadedModel) -> None:
         entry.refcount -= 1
@@ -242,7 +278,7 @@ class Scheduler:
         if entry.refcount > 0 or self._table.get(entry.plan.key) is not entry:
             return
         self._cancel_timer(entry)
-        if entry.unload_when_idle or entry.evicting or entry.keep_alive <= 0:
+        if self.draining or entry.unload_when_idle or entry.evicting or entry.keep_alive <= 0:
             self._spawn_stop(entry)
             return
         if math.isinf(entry.keep_alive):
@@ -254,18 +290,16 @@ class Scheduler:
 
     def _expire(self, entry: LoadedModel) -> None:
         entry.timer = None
-        if entry.refcount == 0 and self._table.get(entry.plan.key) is entry:
+        if entry.refcount == 0 and self._table.get(entry.plan.key) is entry and entry.stopping is None:
             log.info("%s idle past its keep_alive, unloading", entry.plan.reference)
             self._spawn_stop(entry)
 
     def _on_exit(self, entry: LoadedModel, runner: Runner) -> None:
         """Called by the child when it dies on its own: forget it at once, record the failure, and
         restart a pinned or busy model after its backoff (llmman.sched.healing)."""
-        if self._table.get(entry.plan.key) is not entry:
+        if self._table.get(entry.plan.key) is not entry or entry.stopping is not None:
             return
-        self._table.pop(entry.plan.key, None)
-        self._cancel_timer(entry)
-        self._admission.notify()
+        self._drop(entry)
         if self._closed:
             return
         classified = runner.exit_cause.value if runner.exit_cause is not None else "unknown"
@@ -284,10 +318,11 @@ class Scheduler:
     async def _restart(self, plan: ModelPlan, keep_alive: float) -> None:
         """Load ``plan`` again after a crash or a pinned model's failed load (nobody holds it); a
         failed load of a pinned model schedules the next try itself (:meth:`_load`). Nothing happens when
-        the model was unloaded on purpose meanwhile (:meth:`unload` forgets its failures)."""
-        if self._closed or plan.key in self._table or plan.key not in self.healer.failures:
+        the model was unloaded on purpose meanwhile (:meth:`unload` forgets its failures), nor on a
+        draining node."""
+        if self._closed or self.draining or plan.key in self._table or plan.key not in self.healer.failures:
             return
-        entry = LoadedModel(plan=plan, keep_alive=keep_alive)
+        entry = LoadedModel(plan=plan, keep_alive=keep_alive, restarted=True)
         self._table[plan.key] = entry
         with contextlib.suppress(Exception):
             await self._wait_ready(entry)
@@ -296,7 +331,8 @@ class Scheduler:
 
     async def unload(self, reference: str) -> bool:
         """Unload a model as Ollama's ``keep_alive: 0`` does: at once when idle, else when the last
-        in-flight request finishes. A load in progress is waited for first, then unloaded. Its
+        in-flight request finishes (it drains: a new request waits for it to go, then loads it afresh). A
+        load in progress is waited for first, then unloaded. Its
         embedding child (ModelPlan.embedding), if any, goes too, and so does a child it shares with a
         copy of the model (ModelPlan.child).
 
@@ -312,32 +348,64 @@ class Scheduler:
         entry = self._lookup(key)
         if entry is None:
             return False
+        entry.unload_when_idle = True  # from now on nobody joins it
         if entry.load_task is not None and not entry.load_task.done():
-            with contextlib.suppress(Exception):
-                await asyncio.shield(entry.load_task)
+            await asyncio.wait((entry.load_task,))  # however it ends (failed, cancelled: abandoned)
         if self._table.get(entry.plan.key) is not entry:
             return True
-        if entry.refcount > 0:
-            entry.unload_when_idle = True
-            return True
-        await self._unload_entry(entry)
-        return True
+        if entry.refcount == 0:
+            await self._unload_entry(entry)
+        return True  # else the last release stops it (_idle)
 
     async def _unload_entry(self, entry: LoadedModel) -> None:
-        self._cancel_timer(entry)
-        if self._table.get(entry.plan.key) is entry:
-            self._table.pop(entry.plan.key, None)
+        """Stop ``entry``'s child and wait until it has exited and left the table."""
+        await asyncio.shield(self._spawn_stop(entry))
+
+    def _spawn_stop(self, entry: LoadedModel) -> asyncio.Task[None]:
+        """Start stopping ``entry``'s child, once (a second call returns the same task). The entry stays
+        in the table, draining, until the child has exited."""
+        if entry.stopping is None:
+            self._cancel_timer(entry)
+            task = asyncio.create_task(self._stop_child(entry), name=f"unload {entry.plan.reference}")
+            entry.stopping = task
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+        return entry.stopping
+
+    async def _stop_child(self, entry: LoadedModel) -> None:
         try:
             if entry.runner is not None:
                 log.info("unloading %s", entry.plan.key)
                 await entry.runner.stop(self._stop_grace)
         finally:
-            self._admission.notify()
+            self._drop(entry)
 
-    def _spawn_stop(self, entry: LoadedModel) -> None:
-        task = asyncio.create_task(self._unload_entry(entry), name=f"unload {entry.plan.reference}")
-        self._stopping.add(task)
-        task.add_done_callback(self._stopping.discard)
+    def _drop(self, entry: LoadedModel) -> None:
+        """Forget ``entry``: out of the table, the requests held back by it woken, admissions told."""
+        self._cancel_timer(entry)
+        if self._table.get(entry.plan.key) is entry:
+            del self._table[entry.plan.key]
+        entry.gone.set()
+        self._admission.notify()
+
+    # -- draining the node ---------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Drain this node (``llmman drain``): unload every idle model now and every busy one when its
+        last request ends, whatever its keep_alive; restart nothing. Requests that still arrive are served
+        (and their model unloads when idle). Idempotent."""
+        if not self.draining:
+            log.info("draining: every model unloads once idle")
+        self.draining = True
+        for entry in list(self._table.values()):
+            if entry.ready and entry.refcount == 0:
+                self._spawn_stop(entry)
+
+    def undrain(self) -> None:
+        """End :meth:`drain`: models loaded from now on keep their keep_alive again. Idempotent."""
+        if self.draining:
+            log.info("serving again")
+        self.draining = False
 
     def _cancel_timer(self, entry: LoadedModel) -> None:
         if entry.timer is not None:
@@ -366,6 +434,7 @@ class Scheduler:
         self._table.clear()
         for entry in entries:
             self._cancel_timer(entry)
+            entry.gone.set()
         loads = [e.load_task for e in entries if e.load_task is not None and not e.load_task.done()]
         for task in loads:
             task.cancel()

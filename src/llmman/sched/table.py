@@ -29,13 +29,17 @@ class LoadedModel:
     expires_at: float | None = None
     load_task: asyncio.Task[Runner] | None = None
     timer: asyncio.TimerHandle | None = None
-    unload_when_idle: bool = False
+    unload_when_idle: bool = False  # a stop (keep_alive 0) came while busy: draining, nobody new joins
     admitted: bool = False  # counted against the node's memory
     evicting: bool = False  # chosen to make room: unload when idle, whatever keep_alive says
     usage_host: int = 0  # bytes llama-server reported after loading (0 = not reported)
     usage_device: int = 0
     oom_ctx: int = 0  # the context that ran out of memory (plan.n_ctx is then the smaller one that fit)
     sharers: set[str] = field(default_factory=set)  # other table keys served by this child (ModelPlan.child)
+    restarted: bool = False  # loaded again by the scheduler after a crash (sched.healing): nobody asked
+    stopping: asyncio.Task[None] | None = None  # the stop of its child; the entry stays until it has exited
+    held_back: int = 0  # requests waiting for this draining entry to go, to load the model afresh
+    gone: asyncio.Event = field(default_factory=asyncio.Event)  # set once it has left the table
     # Request fingerprints (Lease.request) now in flight, and those cut by a broken child connection:
     # the suspects when this child crashes (llmman.sched.healing).
     inflight: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -44,6 +48,11 @@ class LoadedModel:
     def suspects(self) -> set[str]:
         """The fingerprints of the requests in flight, or cut short, on this entry's child."""
         return {fp for fp, n in self.inflight.items() if n > 0} | self.broken
+
+    @property
+    def leaving(self) -> bool:
+        """True once it is to unload (a stop, or its child is stopping): a new request waits for it to go."""
+        return self.unload_when_idle or self.stopping is not None
 
     @property
     def ready(self) -> bool:
@@ -70,14 +79,14 @@ class LoadedSnapshot:
     n_ctx: int
     started_at: float
     expires_at: float | None
-    refcount: int
+    refcount: int  # requests on it: served, waiting for a slot or the load, or held back while it drains
     ready: bool
     pid: int | None
     memory: int = 0
     memory_device: int = 0
     embedding: bool = False  # an ``--embeddings`` child, beside any chat child of the same model
     slots: int = 0  # llama-server slots (``-np``): requests served at once, the rest wait in its queue
-    draining: bool = False  # an unload was asked for: it goes when the requests in flight finish
+    draining: bool = False  # it goes when the requests in flight finish (a stop, an eviction, stopping now)
     placement: Placement | None = None  # its devices on a GPU node (ModelPlan.placement)
 
 
@@ -150,7 +159,7 @@ def snapshot_of(entry: LoadedModel, now: float) -> LoadedSnapshot:
         n_ctx=entry.plan.n_ctx,
         started_at=entry.started_at or now,
         expires_at=expires,
-        refcount=entry.refcount,
+        refcount=entry.refcount + entry.held_back,
         ready=entry.ready,
         pid=entry.runner.pid if entry.runner is not None else None,
         memory=entry.memory,
@@ -158,5 +167,5 @@ def snapshot_of(entry: LoadedModel, now: float) -> LoadedSnapshot:
         embedding=entry.plan.embedding,
         slots=entry.plan.n_parallel,
         placement=entry.plan.placement,
-        draining=entry.unload_when_idle or entry.evicting,
+        draining=entry.leaving or entry.evicting,
     )
