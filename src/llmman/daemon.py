@@ -130,7 +130,8 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
         process = LlamaServerProcess(
             binary,
             spec,
-            env=device_env(env, child_devices(plan.placement, plan.devices).visible),  # *_VISIBLE_DEVICES
+            # a preset's devices in every *_VISIBLE_DEVICES, else the devices admission placed it on
+            env=device_env(env, plan.devices) | child_devices(plan.placement, plan.devices).variables,
             log_path=settings.logs_dir / log_name,
             stall_timeout=settings.load_timeout,
             on_exit=on_exit,

@@ -141,14 +141,16 @@ def test_allowed_devices(pin: str | None, allowed: tuple[int, ...] | None) -> No
 @pytest.mark.parametrize(
     ("placement", "pin", "expected"),
     [
-        (None, None, ChildDevices(None)),  # not placed: the daemon's environment as it is
-        (None, "GPU-x", ChildDevices("GPU-x")),  # a pin not understood is still passed on
-        (Placement((1,), (1.0,)), None, ChildDevices("1")),  # unpinned: the child sees its one device
-        (Placement((2, 0), (0.6, 0.4)), None, ChildDevices("2,0", tensor_split=(0.6, 0.4))),
-        (Placement((1,), (1.0,)), "1", ChildDevices("1")),  # pinned to one: the preset's variable alone
-        (Placement((2,), (1.0,)), "0,2", ChildDevices("0,2", split_mode="none", main_gpu=1)),
-        (Placement((2, 0), (0.6, 0.4)), "0,2", ChildDevices("0,2", tensor_split=(0.4, 0.6))),
-        (Placement((1, 2), (0.5, 0.5)), "0,1,2", ChildDevices("0,1,2", tensor_split=(0.0, 0.5, 0.5))),
+        (None, None, ChildDevices()),  # not placed: the daemon's environment as it is
+        (None, "GPU-x", ChildDevices()),  # a pin not understood: only the preset's variables, as before
+        (Placement((1,), (1.0,)), None, ChildDevices({"CUDA_VISIBLE_DEVICES": "1"})),  # unpinned: its device
+        (Placement((2, 0), (0.6, 0.4)), None, ChildDevices({"CUDA_VISIBLE_DEVICES": "2,0"},
+                                                           tensor_split=(0.6, 0.4))),
+        (Placement((1,), (1.0,), "rocm"), None, ChildDevices({"HIP_VISIBLE_DEVICES": "1"})),
+        (Placement((1,), (1.0,)), "1", ChildDevices()),  # pinned to one: the preset's variables alone
+        (Placement((2,), (1.0,)), "0,2", ChildDevices(split_mode="none", main_gpu=1)),
+        (Placement((2, 0), (0.6, 0.4)), "0,2", ChildDevices(tensor_split=(0.4, 0.6))),
+        (Placement((1, 2), (0.5, 0.5)), "0,1,2", ChildDevices(tensor_split=(0.0, 0.5, 0.5))),
     ],
 )
 def test_child_devices(placement: Placement | None, pin: str | None, expected: ChildDevices) -> None:

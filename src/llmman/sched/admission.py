@@ -155,7 +155,7 @@ class Admission:
             short = sum(e.memory for e in others) + need - self.capacity if self.capacity else 0
             return None, short, lambda e: e.memory
         room = self._rooms(others)
-        placement = place(need, room, allowed)
+        placement = place(need, room, allowed, kind=node.accelerator)
         short = 0 if placement is not None else max(1, shortfall(need, room, allowed))
         return placement, short, lambda e: frees_on(_load(e), node, allowed)
 

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llmman.sched.gpu import NodeMemory
 
 __all__ = [
     "GPU_KINDS",
+    "VISIBLE",
     "ChildDevices",
     "DeviceRoom",
     "Load",
@@ -48,6 +49,9 @@ __all__ = [
 GPU_KINDS = frozenset({"cuda", "rocm"})
 """Accelerators whose devices are placed one by one (the others have one pool of RAM, or none)."""
 
+VISIBLE = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES"}
+"""The variable that shows an unpinned child its devices, per accelerator (the driver's numbering)."""
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -57,10 +61,12 @@ class Placement:
         devices: the driver's indexes of the devices it uses, most room first.
         split: the fraction of the model on each of ``devices`` (same order, summing to 1); ``(1.0,)`` for
             one device.
+        kind: the node's accelerator (``cuda``, ``rocm``), which names the child's variable (:data:`VISIBLE`).
     """
 
     devices: tuple[int, ...]
     split: tuple[float, ...]
+    kind: str = "cuda"
 
     def share(self, index: int) -> float:
         """The fraction of the model on device ``index`` (0 when it does not use it)."""
@@ -175,8 +181,10 @@ def _among(room: Sequence[DeviceRoom], allowed: Collection[int]) -> list[DeviceR
     return sorted((r for r in room if r.index in allowed), key=lambda r: (-r.free, r.index))
 
 
-def place(need: int, room: Sequence[DeviceRoom], allowed: Collection[int]) -> Placement | None:
-    """Where a model of ``need`` bytes goes among the ``allowed`` devices, or None when it fits nowhere now.
+def place(need: int, room: Sequence[DeviceRoom], allowed: Collection[int], *, kind: str = "cuda",
+          ) -> Placement | None:
+    """Where a model of ``need`` bytes goes among the ``allowed`` devices (of accelerator ``kind``), or None
+    when it fits nowhere now.
 
     The device with most room if it holds the whole model; else the fewest devices, most room first, that
     hold it together, each taking a part in proportion to its room.
@@ -185,7 +193,7 @@ def place(need: int, room: Sequence[DeviceRoom], allowed: Collection[int]) -> Pl
     if not candidates:
         return None
     if need <= candidates[0].free:
-        return Placement((candidates[0].index,), (1.0,))
+        return Placement((candidates[0].index,), (1.0,), kind)
     chosen: list[DeviceRoom] = []
     for r in candidates:
         if r.free <= 0:
@@ -193,7 +201,7 @@ def place(need: int, room: Sequence[DeviceRoom], allowed: Collection[int]) -> Pl
         chosen.append(r)
         together = sum(c.free for c in chosen)
         if together >= need:
-            return Placement(tuple(c.index for c in chosen), tuple(c.free / together for c in chosen))
+            return Placement(tuple(c.index for c in chosen), tuple(c.free / together for c in chosen), kind)
     return None
 
 
@@ -215,14 +223,14 @@ class ChildDevices:
     """How a child is told its devices.
 
     Attributes:
-        visible: the value of every ``*_VISIBLE_DEVICES`` variable (llmman.config.presets.device_env), or
-            None to leave the daemon's environment alone.
+        variables: what to set in the child's environment besides a preset's ``*_VISIBLE_DEVICES``
+            (llmman.config.presets.device_env): an unpinned child's visible devices (:data:`VISIBLE`).
         split_mode: llama-server's ``--split-mode`` (``none``: one device only), or None.
         main_gpu: ``--main-gpu``, the one visible device used (with ``split_mode`` ``none``), or None.
         tensor_split: ``--tensor-split``, the fraction of the model on each visible device, or ().
     """
 
-    visible: str | None
+    variables: dict[str, str] = field(default_factory=dict)
     split_mode: str | None = None
     main_gpu: int | None = None
     tensor_split: tuple[float, ...] = ()
@@ -231,24 +239,26 @@ class ChildDevices:
 def child_devices(placement: Placement | None, pin: str | None) -> ChildDevices:
     """The device settings of a child placed at ``placement`` with the preset's ``pin`` (or None).
 
-    Without a placement: the preset's variable as it is (or nothing). Unpinned: the variable names the
-    placement's devices, and a split over several gets ``--tensor-split`` in that order. Pinned: the
-    preset's variable is kept (the child numbers its devices 0.. in the pin's order); one device of several
-    is chosen with ``--split-mode none --main-gpu K``, a split with ``--tensor-split`` over the pinned
-    devices (0 for those not used).
+    Without a placement: nothing (a preset's variables are set as before). Unpinned: the accelerator's
+    variable (``CUDA_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES``) names the placement's devices, and a split
+    over several gets ``--tensor-split`` in that order. Pinned: only the preset's variables (the child
+    numbers its devices 0.. in the pin's order); one device of several is chosen with
+    ``--split-mode none --main-gpu K``, a split with ``--tensor-split`` over the pinned devices (0 for
+    those not used).
     """
     if placement is None:
-        return ChildDevices(pin)
+        return ChildDevices()
     if pin is None:
-        visible = ",".join(str(d) for d in placement.devices)
+        name = VISIBLE.get(placement.kind, VISIBLE["cuda"])
+        variables = {name: ",".join(str(d) for d in placement.devices)}
         split = placement.split if len(placement.devices) > 1 else ()
-        return ChildDevices(visible, tensor_split=split)
+        return ChildDevices(variables, tensor_split=split)
     order = [int(part) for part in pin.split(",")]
     if len(placement.devices) == 1:
         if len(order) == 1:
-            return ChildDevices(pin)
-        return ChildDevices(pin, split_mode="none", main_gpu=order.index(placement.devices[0]))
-    return ChildDevices(pin, tensor_split=tuple(placement.share(d) for d in order))
+            return ChildDevices()
+        return ChildDevices(split_mode="none", main_gpu=order.index(placement.devices[0]))
+    return ChildDevices(tensor_split=tuple(placement.share(d) for d in order))
 
 
 def device_document(node: NodeMemory | None, models: Iterable[Placed]) -> list[dict[str, Any]]:

@@ -91,7 +91,8 @@ class ModelPlan:
         embedding: start the child with ``--embeddings`` (its own child, beside a chat child of the model).
         pooling: ``--pooling`` for an embedding child (``mean`` for chat models whose GGUF has none), or None.
         n_gpu_layers: ``-ngl`` from the model's preset (llmman.config.presets), or None.
-        devices: GPU ids for the child's ``*_VISIBLE_DEVICES`` from its preset, or None.
+        devices: GPU ids for the child's ``*_VISIBLE_DEVICES`` from its preset, or None; they pin it: it is
+            admitted against those devices only (llmman.sched.devices).
         extra_args: the preset's ``extra_args``, appended to argv.
         placement: the devices admission placed it on (llmman.sched.devices.place, set at admission), or
             None on a host-only or unknown node; not part of :attr:`child` (where it runs, not what).
