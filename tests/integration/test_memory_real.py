@@ -83,7 +83,7 @@ def test_second_model_unloads_the_idle_first(capped: Daemon) -> None:
         assert (node["in_flight"], node["queued"]) == (0, 0)
         (ram,) = node["devices"]  # a host-only node: its RAM, with the node's capacity and every model
         assert (ram["index"], ram["name"], ram["memory"]) == (0, "system RAM", 400_000_000)
-        assert ram["planned"] == loaded_bytes and ram["free"] == node["free"] and ram["models"] == [loaded_ref]
+        assert (ram["planned"], ram["free"], ram["models"]) == (loaded_bytes, node["free"], [loaded_ref])
     assert "to make room for" in capped.log_text()
 
 
