@@ -72,8 +72,8 @@ class Admission:
             closed: True once the scheduler shuts down.
 
         Raises:
-            LlmmanError: 500 ``insufficient_memory`` when the model is larger than the whole capacity;
-                503 when the daemon shuts down meanwhile.
+            LlmmanError: 500 ``insufficient_memory`` when the model is larger than the whole capacity (on
+                a GPU node: than its devices' share of it); 503 when the daemon shuts down meanwhile.
         """
         need = entry.plan.estimate
         allowed = self._allowed(entry, self._rooms([]))
@@ -86,7 +86,7 @@ class Admission:
                 placement, short, frees = self._room(entry, need, others, allowed)
                 excess = len(others) + 1 - self._max_loaded if self._max_loaded else 0
                 if short <= 0 and excess <= 0:
-                    if placement is not None:
+                    if entry.plan.placement != placement:  # a restart's plan carries the old one
                         entry.plan = replace(entry.plan, placement=placement)
                     entry.admitted = True
                     return
