@@ -1,5 +1,5 @@
 # The two commands of the README. Each does all of its own set-up (scripts/setup.sh) and is idempotent.
-.PHONY: serve test lint unit bench setup setup-test setup-venv
+.PHONY: serve test lint unit bench bench-pool setup setup-test setup-venv
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -39,3 +39,7 @@ unit: setup-venv
 bench: setup-test
 	LLMMAN_TEST_MODEL=$(MODELS)/SmolLM2-135M-Instruct.Q4_1.gguf \
 	  $(BIN)/python bench/bench_proxy.py
+
+# Does the pool serve as one bigger server? Fake llama-servers of fixed capacity: needs only the venv.
+bench-pool: setup-venv
+	$(BIN)/python bench/bench_pool.py

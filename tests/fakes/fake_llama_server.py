@@ -24,6 +24,8 @@ Environment variables:
                                under many streams, its HTTP threads all busy), answering once none does.
     FAKE_IGNORE_SIGTERM=1      ignore SIGTERM (only SIGKILL stops it). Otherwise SIGTERM exits 0.
     FAKE_TOKEN_DELAY=S         seconds between generated tokens; default 0.
+    FAKE_SLOTS=1               at most ``-np`` generations at once, as llama-server's slots: the others
+                               wait for one (fixed capacity, with FAKE_TOKEN_DELAY). Default: no limit.
     FAKE_REPLY=TEXT            the answer; default "Hello from the fake llama-server.". Tokens are its
                                words (each with its leading space). JSON is written as raw UTF-8, as
                                llama-server does (no ``\\uXXXX`` escapes).
@@ -53,6 +55,7 @@ client went away, noticed at the next token as llama-server does); these answer 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -150,6 +153,7 @@ class Settings:
 
 class State:
     ready = threading.Event()
+    slots: Any = contextlib.nullcontext()  # a semaphore of -np slots with FAKE_SLOTS=1
     requests = 0
     started = 0
     active = 0
@@ -308,7 +312,8 @@ class Handler(BaseHTTPRequestHandler):
         with State.lock:
             State.requests += 1
         try:
-            self.complete(body, chat)
+            with State.slots:
+                self.complete(body, chat)
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
             # llama-server answers a field of the wrong shape with 400 (its JSON type errors are
             # invalid_argument); the fake must not just drop the connection. Only before any byte.
@@ -467,6 +472,8 @@ def main(argv: list[str]) -> int:
     apply_per_model(settings.alias, settings.model)
     configure()
     Handler.settings = settings
+    if os.environ.get("FAKE_SLOTS") == "1":
+        State.slots = threading.BoundedSemaphore(settings.slots)
     if os.environ.get("FAKE_IGNORE_SIGTERM") == "1":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:

@@ -9,7 +9,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,3 +183,23 @@ def test_env_endpoint() -> None:
     with run_fake({"MARKER": "42"}) as fake:
         env = httpx.get(fake.url + "/fake/env").json()
     assert env["MARKER"] == "42"
+
+
+@pytest.mark.parametrize(("env", "waits"), [({"FAKE_SLOTS": "1"}, True), ({}, False)])
+def test_fake_slots_make_a_generation_beyond_np_wait_for_a_slot(env: dict[str, str], waits: bool) -> None:
+    """FAKE_SLOTS=1 (fixed capacity): with both ``-np 2`` slots busy, a one-token stream ends only after one
+    of the two long ones; without it, it runs at once beside them."""
+    env = {**env, "FAKE_TOKEN_DELAY": "0.05", "FAKE_REPLY": " ".join(["w"] * 40)}
+    with run_fake(env, "-np", "2") as fake, ThreadPoolExecutor(2) as pool:
+        url = fake.url + "/v1/chat/completions"
+        long = [pool.submit(httpx.post, url, json={"messages": [], "stream": True}, timeout=60)
+                for _ in range(2)]
+        deadline = time.monotonic() + 20
+        while httpx.get(fake.url + "/fake/stats").json()["active"] < 2:
+            assert time.monotonic() < deadline, "the two long streams never ran"
+            time.sleep(0.01)
+        short = httpx.post(url, json={"messages": [], "stream": True, "max_tokens": 1}, timeout=60)
+        completed = httpx.get(fake.url + "/fake/stats").json()["completed"]
+        assert [f.result().status_code for f in long] == [200, 200]
+    assert short.status_code == 200
+    assert (completed >= 2) is waits  # the short one plus a long one that had to end first
