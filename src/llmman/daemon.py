@@ -34,6 +34,7 @@ from llmman.config.settings import Settings
 from llmman.config.table import check_keys
 from llmman.errors import ConfigError, LlmmanError
 from llmman.gateway import Gateway
+from llmman.obs.observer import Observer
 from llmman.registry.client import RegistryOptions
 from llmman.registry.credentials import CredentialStore
 from llmman.registry.puller import Puller
@@ -60,12 +61,16 @@ class _Server(uvicorn.Server):
     """
 
     def __init__(self, config: uvicorn.Config, *, grace: float = 0.0,
-                 on_grace: Callable[[], None] | None = None) -> None:
+                 on_grace: Callable[[], None] | None = None,
+                 on_shutdown: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self._grace = grace
         self._on_grace = on_grace
+        self._on_shutdown = on_shutdown  # called as the shutdown begins (then GET /health answers 503)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._on_shutdown is not None:
+            self._on_shutdown()
         timer = None
         if self._on_grace is not None:
             timer = asyncio.get_running_loop().call_later(self._grace, self._on_grace)
@@ -174,8 +179,9 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
     node = node_memory(cap=settings.memory, reserve=settings.reserve)
     log.info("memory for models: %s (%s, %d device(s))", format_bytes(node.capacity), node.accelerator,
              len(node.devices))
+    obs = Observer.of(settings)  # request log, metrics, health (llmman.obs)
     scheduler = Scheduler(
-        make_launcher(settings, binary, dict(os.environ)),
+        obs.launcher(make_launcher(settings, binary, dict(os.environ))),
         default_keep_alive=settings.keep_alive,
         capacity=node.capacity,
         node_memory=node,  # per-device admission on a GPU node (sched/devices.py)
@@ -183,6 +189,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         max_queue=settings.max_queue,
         heal_base=settings.restart_backoff,
     )
+    obs.watch(scheduler)
     peers = make_peers(settings)  # before any other session: a bad peer list fails with nothing to close
     # llama-server closes a connection after each streamed answer while announcing keep-alive, so a
     # pooled connection can be dead when reused: one fresh loopback connection per request instead.
@@ -198,7 +205,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
                     options=RegistryOptions.of(settings))  # insecure hosts, tls.ca_file, HF_ENDPOINT
     gateway.puller = puller  # models missing from the store are pulled on first use
     app = build_app(Services(settings=settings, store=store, scheduler=scheduler, gateway=gateway,
-                             puller=puller, peers=peers))
+                             puller=puller, peers=peers, obs=obs.start()))
     config = uvicorn.Config(
         app,
         host=settings.host.bind_host,
@@ -220,7 +227,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
             log.warning("shutdown grace over: cut %d answer(s) still running", count)
 
     server = _Server(config, grace=_graceful_timeout(settings.shutdown_grace) - _CUT_MARGIN,
-                     on_grace=cut_answers)
+                     on_grace=cut_answers, on_shutdown=obs.health.stop)
     log.info("llmman %s using %s, store %s", _version(), binary, settings.models)
     log.info("listening on %s", settings.host.client_url())
     preloads = [preload] if preload else []
@@ -238,6 +245,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         await session.close()
         await peers.close()
         await peers.session.close()
+        await asyncio.to_thread(obs.close)
     return 0 if server.started else 1
 
 

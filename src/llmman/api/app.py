@@ -7,7 +7,18 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from llmman.api import anthropic, embeddings, node, ollama_infer, ollama_models, openai, responses
+from llmman.api import (
+    anthropic,
+    embeddings,
+    health,
+    metrics_route,
+    node,
+    ollama_infer,
+    ollama_models,
+    openai,
+    requestlog_routes,
+    responses,
+)
 from llmman.api.auth import ApiKeys
 from llmman.api.cors import CORSAndHostGuard
 from llmman.api.errors import CatchAll, handle_http_error, handle_llmman_error
@@ -35,6 +46,10 @@ def build_app(services: Services) -> Starlette:
         Route("/v1/models", pooled("/v1/models", openai.models), methods=["GET"]),
         Route("/v1/models/{id:path}", openai.model, methods=["GET"]),
         Route("/llmman/node", node.node, methods=["GET"]),
+        Route("/health", health.health, methods=["GET", "HEAD"]),
+        Route("/metrics", metrics_route.metrics, methods=["GET"]),
+        Route("/llmman/requests", requestlog_routes.requests, methods=["GET"]),
+        Route("/llmman/stats", requestlog_routes.request_stats, methods=["GET"]),
         *transfer_routes(),
         Route("/v1/messages", anthropic.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
@@ -47,7 +62,8 @@ def build_app(services: Services) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[Middleware(CORSAndHostGuard, settings=services.settings), Middleware(CatchAll),
-                    Middleware(ApiKeys, keys=services.settings.api_key_list),
+                    Middleware(ApiKeys, keys=services.settings.api_key_list,
+                               scrape_keys=[services.settings.scrape_key]),
                     Middleware(BodyLimits, max_size=services.settings.max_body_size,
                                timeout=services.settings.body_timeout)],
         exception_handlers={

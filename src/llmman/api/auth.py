@@ -3,7 +3,8 @@
 Accepted as ``Authorization: Bearer KEY``, ``x-api-key: KEY`` (Anthropic) or ``x-goog-api-key: KEY``.
 Keys are kept only as SHA-256 digests and compared in constant time against every key. A request
 without a valid key gets 401 with ``WWW-Authenticate: Bearer realm="llmman"`` and a body in the route's
-dialect (:func:`unauthorized_body`). ``GET /`` and ``/api/version`` stay open (liveness checks carry no key).
+dialect (:func:`unauthorized_body`). ``GET /``, ``/api/version`` and ``/health`` stay open (liveness checks
+carry no key); ``/metrics`` also takes the scrape key (``metrics.scrape_key``, docs/observability.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from llmman.protocol.errors import Dialect, dialect_of
 from llmman.protocol.openai.shapes import openai_error
 
-OPEN_PATHS = frozenset({"/", "/api/version"})
+OPEN_PATHS = frozenset({"/", "/api/version", "/health"})
+SCRAPE_PATH = "/metrics"  # the one path the scrape key opens
 MESSAGE = ("unauthorized: present an API key as 'Authorization: Bearer <key>', 'x-api-key: <key>' "
            "or 'x-goog-api-key: <key>'")
 
@@ -69,13 +71,15 @@ def accepted(keys: tuple[bytes, ...], headers: list[tuple[bytes, bytes]]) -> boo
 class ApiKeys:
     """The middleware; a no-op when no keys are configured."""
 
-    def __init__(self, app: ASGIApp, keys: Iterable[str]) -> None:
+    def __init__(self, app: ASGIApp, keys: Iterable[str], scrape_keys: Iterable[str] = ()) -> None:
         self.app = app
         self.keys = digests(keys)
+        self.scrape_keys = self.keys + digests(scrape_keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (not self.keys or scope["type"] != "http" or scope["path"] in OPEN_PATHS
-                or accepted(self.keys, scope["headers"])):
+                or accepted(self.scrape_keys if scope["path"] == SCRAPE_PATH else self.keys,
+                            scope["headers"])):
             await self.app(scope, receive, send)
             return
         body = unauthorized_body(scope["path"])

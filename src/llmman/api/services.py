@@ -8,6 +8,7 @@ from llmman.cluster.peers import Peers
 from llmman.cluster.router import Router
 from llmman.config.settings import Settings
 from llmman.gateway import Gateway
+from llmman.obs.observer import Observer
 from llmman.registry.puller import Puller
 from llmman.sched.scheduler import Scheduler
 from llmman.store import Store
@@ -24,6 +25,7 @@ class Services:
     gateway: Gateway
     puller: Puller | None = None  # pulls and pushes; None in tests that need no registry
     peers: Peers | None = None  # the aggregation; None or empty = a node on its own
+    obs: Observer = field(default_factory=Observer)  # request log, metrics, health (llmman.obs.observer)
     router: Router = field(init=False)  # where each request runs, over the others
 
     def __post_init__(self) -> None:

@@ -183,6 +183,10 @@ class DaemonClient:
         """``GET /api/ps`` -> the loaded models (Ollama shape plus ``started_at``/``processor``/``node``)."""
         return list((self._request("GET", "/api/ps") or {}).get("models") or [])
 
+    def pool(self) -> dict[str, Any]:
+        """``GET /llmman/pool`` -> ``{"nodes": [...]}``, this node and its peers (docs/aggregation.md)."""
+        return dict(self._request("GET", "/llmman/pool") or {})
+
     def show(self, model: str, *, verbose: bool = False) -> dict[str, Any]:
         """``POST /api/show`` -> modelfile, parameters, template, details, model_info, capabilities."""
         body: dict[str, Any] = {"model": model}

@@ -32,6 +32,7 @@ _HANDLERS = {
     "run": "commands_run:cmd_run",
     "ps": "commands_daemon:cmd_ps",
     "stop": "commands_daemon:cmd_stop",
+    "nodes": "commands_nodes:cmd_nodes",
     "config": "commands_daemon:cmd_config",
     "list": "commands_store:cmd_list",
     "rm": "commands_store:cmd_rm",
@@ -115,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     _verb(sub, "ps", "List loaded models")
     p = _verb(sub, "stop", "Unload a model")
     p.add_argument("model")
+    p = _verb(sub, "nodes", "Show the pool: this node and its peers, their state and load")
+    p.add_argument("--json", action="store_true", help="print /llmman/pool as JSON")
 
     p = _verb(sub, "list", "List stored models", store=True, aliases=("ls",))
     p.add_argument("filter", nargs="?", help="only this reference (any tag when untagged)")

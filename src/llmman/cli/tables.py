@@ -5,6 +5,7 @@ shapes follow Ollama's CLI (``cmd/cmd.go``, ``format/``) with llmman's columns:
 
 * ``ps``: NAME ID SIZE PROCESSOR CONTEXT STARTED [NODE] UNTIL — NODE only when an entry has one.
 * ``list``: NAME ID SIZE MODIFIED.
+* ``nodes``: NODE ADDRESS STATE MEMORY MODELS LAST SEEN (``/llmman/pool``).
 
 Columns are left-aligned and separated by four spaces; the header is always printed; trailing spaces
 are trimmed.
@@ -22,6 +23,7 @@ __all__ = [
     "format_size",
     "format_until",
     "list_table",
+    "nodes_table",
     "processor",
     "ps_table",
     "render_table",
@@ -206,6 +208,64 @@ def list_table(models: Sequence[Mapping[str, Any]], now: datetime) -> str:
         for m in models
     ]
     return render_table(["NAME", "ID", "SIZE", "MODIFIED"], rows)
+
+
+def _seen(value: object) -> str:
+    """LAST SEEN: ``now`` under a second, ``4s ago``, ``3 minutes ago``; ``never`` without a time."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "never"
+    if value < 1:
+        return "now"
+    if value < _MINUTE:
+        return f"{int(value)}s ago"
+    return f"{_span(value)} ago"
+
+
+def _models_cell(models: object) -> str:
+    """MODELS: ``REF in_flight/slots[, N queued][, loading][, draining]`` per loaded model, ``; `` between."""
+    if not isinstance(models, Mapping):
+        return ""
+    cells = []
+    for ref, m in models.items():
+        if not isinstance(m, Mapping):
+            continue
+        slots = m.get("slots") or "?"
+        parts = [f"{ref} {m.get('in_flight') or 0}/{slots}"]
+        if m.get("queued"):
+            parts.append(f"{m['queued']} queued")
+        parts += [flag for flag in ("loading", "draining") if m.get(flag) is True]
+        cells.append(", ".join(parts))
+    return "; ".join(cells)
+
+
+def nodes_table(nodes: Sequence[Mapping[str, Any]]) -> str:
+    """The ``llmman nodes`` table from ``/llmman/pool`` entries, in the daemon's order (this node first,
+    its NODE marked ``(this node)``). STATE is ``up``, ``draining`` or ``down: why``, with ``, fallback``
+    for a fallback-only node; MEMORY is used/total (``unknown`` when the node does not know its total)."""
+    rows = []
+    for n in nodes:
+        name = str(n.get("name") or "") or "?"
+        state = str(n.get("state") or "")
+        if state == "down" and n.get("why"):
+            state = f"down: {_short(n['why'], 40)}"
+        if n.get("fallback") is True:
+            state += ", fallback"
+        memory, free = n.get("memory") or 0, n.get("free") or 0
+        if n.get("state") == "down":
+            used = ""
+        elif memory:
+            used = f"{format_size(memory - free)}/{format_size(memory)}"
+        else:
+            used = "unknown"
+        rows.append([
+            f"{name} (this node)" if n.get("self") is True else name,
+            str(n.get("address") or ""),
+            state,
+            used,
+            _models_cell(n.get("models")),
+            _seen(n.get("last_seen")),
+        ])
+    return render_table(["NODE", "ADDRESS", "STATE", "MEMORY", "MODELS", "LAST SEEN"], rows)
 
 
 def _section(title: str, pairs: Sequence[tuple[str, str]], width: int = 20) -> list[str]:

@@ -1,23 +1,44 @@
-"""The peer list and the probe every cold request makes (``GET /llmman/node`` on each peer at once).
+"""The peer list, what is known of each peer, and the probe a cold request makes when that is stale.
 
-A peer that fails (refused, timed out after :data:`PROBE_TIMEOUT_S`, answered non-200 — a 401 for a
-key it does not accept included — or sent something that is not a node document) is left out of that
-decision and remembered as down: later decisions skip it without waiting, while one background task
-re-probes it every :data:`RETRY_S` seconds and takes it back as soon as it answers. Requests that
-arrive while a probe is in flight share its answer instead of asking every peer again, and
-:attr:`Peers.recent` remembers for a moment which peer has a model loaded (see :mod:`.recent`).
+**Background state.** :meth:`Peers.start` runs one task per peer that fetches its ``GET /llmman/node``
+every ``refresh`` seconds (``aggregation.refresh``), each wait drawn within ±20 % of it
+(:func:`jittered`, so the peers of a pool do not all ask at once). Each answer is kept as a
+:class:`Sighting` (the view, the peer's version and when it was asked, for "last seen").
+:meth:`Peers.current` answers a decision from those sightings when every peer not known to be down was
+seen within :data:`STALE_AFTER` refresh intervals; otherwise it does one probe round (:meth:`Peers.probe`),
+so a cold request never needs more than one round. Either way the views carry the requests this node
+forwarded since they were fetched (:mod:`.optimistic`). ``refresh`` 0 turns the background off: every
+``current`` probes, as the seed did.
+
+**Down peers.** A peer that fails (refused, timed out after :data:`PROBE_TIMEOUT_S`, answered non-200 — a
+401 for a key it does not accept included — or sent something that is not a node document) is left out
+of that decision and remembered as down: later decisions skip it without waiting, its refresh task
+leaves it alone, and one background task re-probes the down peers every :data:`RETRY_S` seconds and
+takes each back (with a fresh sighting) as soon as it answers.
+
+**Shared fetches.** A fetch of one peer already in flight (its refresh, or another request's probe) is
+joined rather than repeated, and calls of :meth:`Peers.probe` made while one round is in flight share its
+answer: a burst costs each peer one request, and a failing peer is logged and marked down once.
+
+:attr:`Peers.recent` remembers for a moment which peer has a model loaded (see :mod:`.recent`); with fresh
+background views it saves nothing more, and it is kept for the router that reads it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from llmman.cluster.optimistic import add_forwards
 from llmman.cluster.placement import LOCAL, NodeView
 from llmman.cluster.recent import LOADED_TTL_S, RecentLoaded
 from llmman.cluster.source import is_self
@@ -32,6 +53,9 @@ log = logging.getLogger("llmman.cluster")
 PROBE_TIMEOUT_S = 3.0
 RETRY_S = 2.0
 HOP = "x-llmman-hop"
+JITTER = 0.2  # each refresh wait is the interval ±20 %
+STALE_AFTER = 3.0  # background views older than this many refresh intervals are not used
+_FAILURES = (OSError, aiohttp.ClientError, TimeoutError, ValueError)
 
 
 def parse_peers(entries: Iterable[str], own: HostAddress | None = None) -> tuple[HostAddress, ...]:
@@ -74,8 +98,52 @@ def local_view(scheduler: Scheduler, store: Store, *, name: str = "", fallback: 
     return view
 
 
+def jittered(interval: float, rng: random.Random) -> float:
+    """One refresh wait: ``interval`` times a factor drawn uniformly from [1 - JITTER, 1 + JITTER)."""
+    return interval * (1.0 + JITTER * (2.0 * rng.random() - 1.0))
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """One good answer of a peer's ``/llmman/node``.
+
+    Attributes:
+        view: the document as :class:`NodeView`.
+        version: the llmman version the peer reported; empty from an older node.
+        at: this node's monotonic clock when the fetch was sent (its age is "last seen").
+        mark: the forward counter when the fetch was sent: forwards numbered above it started after.
+    """
+
+    view: NodeView
+    version: str
+    at: float
+    mark: int
+
+
+@dataclass(frozen=True)
+class PeerState:
+    """A configured peer as ``/llmman/pool`` shows it.
+
+    Attributes:
+        address: the peer's address.
+        seen: its last good answer, or None when it never answered.
+        age: seconds since ``seen`` was fetched (None with it).
+        down: why it is left out now, or None when it is up.
+        forwarded: requests this node has open on it now.
+    """
+
+    address: HostAddress
+    seen: Sighting | None
+    age: float | None
+    down: str | None
+    forwarded: int
+
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
 class Peers:
-    """The peers of this node and what is known about their health.
+    """The peers of this node and what is known about their health and state.
 
     Args:
         session: the aiohttp session for peer traffic (TLS settings included).
@@ -83,21 +151,38 @@ class Peers:
         api_key: the peer key sent as ``Authorization: Bearer``; empty = none.
         timeout: seconds a probe waits for a peer; retry: seconds between re-probes of a down peer.
         loaded_ttl: seconds a model seen loaded on a peer is forwarded there without a new probe.
+        refresh: seconds between background fetches of each peer (``aggregation.refresh``); 0 = none.
+        clock, rng, sleep: monotonic seconds, the jitter's random source and the wait between
+            refreshes (tests pass their own).
     """
 
     def __init__(self, session: aiohttp.ClientSession, peers: tuple[HostAddress, ...], *,
                  api_key: str = "", timeout: float = PROBE_TIMEOUT_S, retry: float = RETRY_S,
-                 loaded_ttl: float = LOADED_TTL_S) -> None:
+                 loaded_ttl: float = LOADED_TTL_S, refresh: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 sleep: Sleep = asyncio.sleep) -> None:
         self.session = session
         self.addresses = peers
         self.api_key = api_key
         self.timeout = timeout
         self.retry = retry
+        self.refresh = refresh
+        self.clock = clock
+        self._rng = rng or random.Random()
+        self._sleep = sleep
         self._down: dict[str, str] = {}  # peer name -> why
         self._retry_task: asyncio.Task[None] | None = None
         self._probing: asyncio.Future[list[NodeView]] | None = None
+        self._probe_mark = 0  # the forward counter when the round in flight started
         self.recent = RecentLoaded(loaded_ttl)
-        self._forwarding: dict[tuple[str, str], int] = {}  # (peer, reference lower-cased) -> open
+        self._events = itertools.count(1)  # orders forward starts against fetches (cluster/optimistic.py)
+        self._mark = 0  # the last number handed out
+        self._forwarding: dict[tuple[str, str], set[int]] = {}  # (peer, reference lower-cased) -> starts
+        self._seen: dict[str, Sighting] = {}  # peer name -> its last good answer
+        self._fetching: dict[str, asyncio.Task[NodeView | None]] = {}  # peer name -> fetch in flight
+        self._watchers: list[asyncio.Task[None]] = []
+        self.probe_rounds = 0  # synchronous probe rounds made (LLMMAN_DEBUG logs each)
+        self.fetches = 0  # fetches of one peer's state, any cause
 
     def __bool__(self) -> bool:
         return bool(self.addresses)
@@ -137,49 +222,120 @@ class Peers:
             doc: object = await response.json(content_type=None)
             return doc
 
-    async def _probe_one(self, address: HostAddress) -> NodeView | None:
+    def _next_mark(self) -> int:
+        self._mark = next(self._events)
+        return self._mark
+
+    async def _read(self, address: HostAddress) -> NodeView:
+        """Fetch the peer's ``/llmman/node`` and keep it as its sighting.
+
+        Raises:
+            OSError, aiohttp.ClientError, TimeoutError, ValueError: the peer failed in some way.
+        """
         name = peer_name(address)
+        at, mark = self.clock(), self._next_mark()
+        self.fetches += 1
+        doc = await self.get_json(address, "/llmman/node")
+        view = parse_node(name, address.client_url(), doc)
+        if view is None:
+            raise ValueError("not a node document")
+        version = doc.get("version") if isinstance(doc, dict) else None
+        self._seen[name] = Sighting(view, version if isinstance(version, str) else "", at, mark)
+        return view
+
+    async def _fetch_one(self, address: HostAddress) -> NodeView | None:
+        """One fetch of an up peer; a failure is logged and marks it down."""
         try:
-            view = parse_node(name, address.client_url(), await self.get_json(address, "/llmman/node"))
-            if view is None:
-                raise ValueError("not a node document")
-        except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            return await self._read(address)
+        except _FAILURES as exc:
             why = str(exc) or type(exc).__name__
-            log.debug("placement: skipping peer %s: %s", name, why)
+            log.debug("placement: skipping peer %s: %s", peer_name(address), why)
             self.mark_down(address, why)
             return None
-        return view
+
+    async def _probe_one(self, address: HostAddress) -> NodeView | None:
+        """The peer's state now, joining a fetch of it already in flight."""
+        name = peer_name(address)
+        fetch = self._fetching.get(name)
+        if fetch is None or fetch.done():
+            fetch = asyncio.create_task(self._fetch_one(address))
+            self._fetching[name] = fetch
+        return await asyncio.shield(fetch)
 
     @contextlib.contextmanager
     def forwarding(self, address: HostAddress, ref: str) -> Iterator[None]:
-        """Count one request forwarded to ``address`` for model ``ref`` while it runs (optimistic
-        accounting: a burst sees the requests it sent before the peer's next state says so)."""
+        """Count one request forwarded to ``address`` for model ``ref`` while it runs: the views of
+        :meth:`current` fetched before it started add it (optimistic accounting, :mod:`.optimistic`)."""
         key = (peer_name(address), ref.lower())
-        self._forwarding[key] = self._forwarding.get(key, 0) + 1
+        start = self._next_mark()
+        self._forwarding.setdefault(key, set()).add(start)
         try:
             yield
         finally:
-            self._forwarding[key] -= 1
-            if not self._forwarding[key]:
+            starts = self._forwarding[key]
+            starts.discard(start)
+            if not starts:
                 del self._forwarding[key]
 
     def forwarded(self, address: HostAddress, ref: str) -> int:
         """Requests this node has open on ``address`` for ``ref`` now."""
-        return self._forwarding.get((peer_name(address), ref.lower()), 0)
+        return len(self._forwarding.get((peer_name(address), ref.lower()), ()))
+
+    def forwarded_since(self, name: str, mark: int) -> dict[str, int]:
+        """Reference -> this node's forwards to peer ``name`` started after ``mark`` and still open."""
+        out: dict[str, int] = {}
+        for (peer, ref), starts in self._forwarding.items():
+            if peer == name and (n := sum(1 for s in starts if s > mark)):
+                out[ref] = n
+        return out
+
+    def _fresh(self) -> list[Sighting] | None:
+        """The sightings of every up peer when each is at most STALE_AFTER refresh intervals old, else
+        None (also when the background refresh is off)."""
+        if self.refresh <= 0:
+            return None
+        now, limit = self.clock(), STALE_AFTER * self.refresh
+        out = []
+        for address in self.up():
+            seen = self._seen.get(peer_name(address))
+            if seen is None or now - seen.at > limit:
+                return None
+            out.append(seen)
+        return out
+
+    def _mark_of(self, view: NodeView) -> int:
+        """The forward counter when ``view`` was fetched: its sighting's, else the probe round's."""
+        seen = self._seen.get(view.name)
+        return seen.mark if seen is not None and seen.view is view else self._probe_mark
 
     async def current(self) -> list[NodeView]:
-        """The peers' views to decide on: the background refresh's when fresh, else one probe round."""
-        return await self.probe()
+        """The up peers' views to decide on, each with the forwards this node started since it was
+        fetched (:mod:`.optimistic`): the background sightings when fresh, else one probe round."""
+        fresh = self._fresh()
+        if fresh is not None:
+            pairs = [(s.view, s.mark) for s in fresh]
+        else:
+            views = await self.probe()
+            pairs = [(v, self._mark_of(v)) for v in views]
+        sizes: dict[str, int] = {}
+        for view, _ in pairs:
+            for ref, size in view.stored.items():
+                sizes.setdefault(ref.lower(), size)
+        return [add_forwards(view, self.forwarded_since(view.name, mark), sizes) for view, mark in pairs]
 
     async def probe(self) -> list[NodeView]:
         """Every peer not known to be down, asked at once; the ones that answered in time. A call made
         while another is in flight waits for that one's answer (one fan-out serves a burst)."""
         if self._probing is None or self._probing.done():
+            self._probe_mark = self._mark
             self._probing = asyncio.ensure_future(self._probe_all())
         return list(await asyncio.shield(self._probing))
 
     async def _probe_all(self) -> list[NodeView]:
-        views = await asyncio.gather(*(self._probe_one(a) for a in self.up()))
+        up = self.up()
+        self.probe_rounds += 1
+        log.debug("probe round %d: %d peer(s)", self.probe_rounds, len(up))
+        views = await asyncio.gather(*(self._probe_one(a) for a in up))
         return [v for v in views if v is not None]
 
     async def gather(self, path: str) -> list[tuple[HostAddress, Any]]:
@@ -188,12 +344,42 @@ class Peers:
         async def one(address: HostAddress) -> tuple[HostAddress, Any] | None:
             try:
                 return address, await self.get_json(address, path)
-            except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            except _FAILURES as exc:
                 self.mark_down(address, str(exc) or type(exc).__name__)
                 return None
 
         found = await asyncio.gather(*(one(a) for a in self.up()))
         return [f for f in found if f is not None]
+
+    def states(self) -> list[PeerState]:
+        """Every configured peer, in order, as last known (no network)."""
+        now = self.clock()
+        out = []
+        for address in self.addresses:
+            name = peer_name(address)
+            seen = self._seen.get(name)
+            forwarded = sum(len(s) for (peer, _), s in self._forwarding.items() if peer == name)
+            out.append(PeerState(address, seen, None if seen is None else max(0.0, now - seen.at),
+                                 self._down.get(name), forwarded))
+        return out
+
+    def start(self) -> None:
+        """Start the background refresh of every peer (no-op without peers or with ``refresh`` 0);
+        call from the running event loop."""
+        if self.refresh > 0 and not self._watchers:
+            self._watchers = [asyncio.create_task(self._watch(a)) for a in self.addresses]
+
+    async def _watch(self, address: HostAddress) -> None:
+        """Fetch ``address`` now and then every jittered ``refresh`` while it is up (the re-probe
+        brings it back when it is down)."""
+        name = peer_name(address)
+        while True:
+            if name not in self._down:
+                try:
+                    await self._probe_one(address)
+                except Exception:  # a bug must not stop the refresh of this peer for good
+                    log.exception("refresh of peer %s failed", name)
+            await self._sleep(jittered(self.refresh, self._rng))
 
     async def _reprobe(self) -> None:
         """Re-probe the down peers every ``retry`` seconds until none is left."""
@@ -201,17 +387,21 @@ class Peers:
         while self._down:
             await asyncio.sleep(self.retry)
             for name in list(self._down):
-                address = by_name[name]
                 try:
-                    if parse_node(name, "", await self.get_json(address, "/llmman/node")) is not None:
-                        self._down.pop(name, None)
-                        log.info("peer %s is back", name)
-                except (OSError, aiohttp.ClientError, TimeoutError, ValueError):
+                    await self._read(by_name[name])
+                except _FAILURES:
                     continue
+                self._down.pop(name, None)
+                log.info("peer %s is back", name)
 
     async def close(self) -> None:
-        """Stop the background re-probe."""
+        """Stop the background refresh and re-probe."""
+        tasks: list[asyncio.Task[Any]] = [*self._watchers, *self._fetching.values()]
         if self._retry_task is not None:
-            self._retry_task.cancel()
+            tasks.append(self._retry_task)
+        self._watchers = []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(BaseException):
-                await self._retry_task
+                await task

@@ -99,6 +99,11 @@ class Settings:
     affinity: bool = True
     name: str = ""
     fallback: bool = False
+    requests: bool = True
+    bodies: str = "off"
+    retention: float = 7 * 86400.0
+    max_size: int = 256 << 20
+    scrape_key: str = ""
     api_keys: str = ""
     enforce: bool = True
     client_key: str = ""

@@ -1,0 +1,84 @@
+"""``GET /llmman/pool``: this node and every configured peer, as this node knows them (docs/aggregation.md,
+"Seeing the pool").
+
+Document::
+
+    {"nodes": [{"name": "spark", "address": "10.0.0.7:17434", "self": true, "state": "up", "why": "",
+                "fallback": false, "version": "0.1.0", "last_seen": 0.0, "memory": bytes, "free": bytes,
+                "models": {ref: {"slots": n, "in_flight": n, "queued": n, "loading": bool,
+                                 "draining": bool, "size": bytes}},
+                "stored": n, "forwarded": n}, ...]}
+
+This node comes first (``"self": true``), then the peers in ``aggregation.peers`` order. ``state`` is
+``up``, ``draining`` (up, taking no new placements) or ``down`` (with ``why``). The figures are the
+peer's own, from its last good answer (``last_seen`` seconds ago, null when it never answered); a down
+peer keeps its name and version from then but shows no memory, models or stored count. ``forwarded`` is
+how many requests this node has open on that peer. The peers' figures come from the background refresh
+(cluster/peers.py): a view is made without asking the peers again unless that state is stale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from llmman import __version__
+from llmman.api.ollama_infer import json_response
+from llmman.api.services import Services
+from llmman.cluster.peers import PeerState, local_view, peer_name
+from llmman.cluster.placement import NodeView
+
+UP, DOWN, DRAINING = "up", "down", "draining"
+
+
+def node_entry(view: NodeView | None, *, name: str, address: str, own: bool, version: str,
+               last_seen: float | None, down: str | None = None, forwarded: int = 0) -> dict[str, Any]:
+    """One node of the document (see the module docstring) from its last view (None: never seen)."""
+    live = view if down is None else None
+    state = DOWN if down is not None else DRAINING if view is not None and view.draining else UP
+    return {
+        "name": view.node if view is not None and view.node else name,
+        "address": address,
+        "self": own,
+        "state": state,
+        "why": down or "",
+        "fallback": view.fallback if view is not None else False,
+        "version": version,
+        "last_seen": None if last_seen is None else round(last_seen, 3),
+        "memory": live.memory if live is not None else 0,
+        "free": live.free if live is not None else 0,
+        "models": {} if live is None else {
+            ref: {"slots": m.slots, "in_flight": m.in_flight, "queued": m.queued, "loading": m.loading,
+                  "draining": m.draining, "size": _size(live, ref)}
+            for ref, m in live.models.items()},
+        "stored": len(live.stored) if live is not None else 0,
+        "forwarded": forwarded,
+    }
+
+
+def _size(view: NodeView, ref: str) -> int:
+    return next((size for name, size in view.loaded.items() if name.lower() == ref.lower()), 0)
+
+
+def peer_entry(state: PeerState) -> dict[str, Any]:
+    """A configured peer's entry from what :class:`llmman.cluster.peers.Peers` knows of it."""
+    seen = state.seen
+    return node_entry(seen.view if seen else None, name="", address=peer_name(state.address), own=False,
+                      version=seen.version if seen else "", last_seen=state.age, down=state.down,
+                      forwarded=state.forwarded)
+
+
+async def pool(request: Request) -> Response:
+    """``GET /llmman/pool``."""
+    services: Services = request.app.state.services
+    settings = services.settings
+    me = local_view(services.scheduler, services.store, name=settings.node_name, fallback=settings.fallback)
+    nodes = [node_entry(me, name=settings.node_name, address=settings.host.netloc, own=True,
+                        version=__version__, last_seen=0.0)]
+    peers = services.peers
+    if peers:
+        await peers.current()  # asks the peers only when the background state is stale
+        nodes += [peer_entry(state) for state in peers.states()]
+    return json_response({"nodes": nodes})

@@ -1,0 +1,262 @@
+"""Prometheus metrics of one daemon: a registry of its own (never prometheus_client's global one).
+
+Two kinds of figures (names and labels in docs/observability.md):
+
+- **Events** the data path reports through :class:`Metrics`' methods (:meth:`Metrics.request_done`,
+  :meth:`Metrics.forwarded`, :meth:`Metrics.load_done`, ...): counters and histograms.
+- **State** read when scraped, from where it is kept (:class:`SchedulerCollector`: the scheduler's table,
+  its failure records and the node's memory; :class:`RequestLogCollector`: the request log's writer), so
+  a gauge can never drift from the scheduler's own view.
+
+Label values that come from clients (a model name) are cut to :data:`LABEL_MAX` characters; the data path
+passes the resolved reference where there is one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from llmman.obs.requestlog import RequestLog, RequestRow
+from llmman.sched.scheduler import Scheduler
+from llmman.sched.table import LoadedSnapshot
+
+LABEL_MAX = 200
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+SPEED_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 35.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0,
+                 2000.0)
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+LOAD_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _label(value: str) -> str:
+    return value[:LABEL_MAX]
+
+
+class Metrics:
+    """The daemon's metric families and the events that move them.
+
+    Args:
+        node: this node's name (``node.name``), the ``node`` label of what this node serves.
+        requests: the request log, whose writer's counters are exported; None = none.
+
+    The scheduler's gauges come once :meth:`watch` is called (the scheduler is built after its launcher,
+    which reports to these metrics).
+    """
+
+    def __init__(self, *, node: str, requests: RequestLog | None = None) -> None:
+        self.node = node
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("llmman_requests", "Requests answered, by the node that served them.",
+                                ["route", "dialect", "status", "model", "node", "kind"], registry=r)
+        self.tokens = Counter("llmman_tokens", "Tokens of answered requests: in = prompt, out = completion.",
+                              ["direction", "model", "node", "kind"], registry=r)
+        self.ttft = Histogram("llmman_time_to_first_token_seconds", "Seconds from arrival to the first token",
+                              ["model", "node", "kind"], buckets=TTFT_BUCKETS, registry=r)
+        self.speed = Histogram("llmman_generation_tokens_per_second",
+                               "Completion tokens per second after the first token, per request.",
+                               ["model", "node", "kind"], buckets=SPEED_BUCKETS, registry=r)
+        self.queue_wait = Histogram("llmman_queue_wait_seconds",
+                                    "Seconds a request waited for its model (a load, a free slot).",
+                                    ["model"], buckets=WAIT_BUCKETS, registry=r)
+        self.loads = Counter("llmman_loads", "llama-server starts, by outcome (ok, failed).",
+                             ["model", "outcome"], registry=r)
+        self.load_time = Histogram("llmman_load_seconds", "Seconds from launch to a ready llama-server.",
+                                   ["model"], buckets=LOAD_BUCKETS, registry=r)
+        self.evictions = Counter("llmman_evictions", "Models unloaded to make room for another.",
+                                 ["model"], registry=r)
+        self.crashes = Counter("llmman_crashes", "llama-server children that died on their own, by cause.",
+                               ["model", "cause"], registry=r)
+        self.restarts = Counter("llmman_restarts", "Loads of a model after it crashed or failed to load.",
+                                ["model"], registry=r)
+        self.forwards = Counter("llmman_forwards", "Requests sent on to a peer, by outcome.",
+                                ["peer", "outcome"], registry=r)
+        self.hops = Counter("llmman_hops", "Requests a peer forwarded here, by outcome.",
+                            ["peer", "outcome"], registry=r)
+        self.pulls = Counter("llmman_pulls", "Pulls and copies, by source (registry, peer) and outcome.",
+                             ["source", "outcome"], registry=r)
+        self.pull_bytes = Counter("llmman_pull_bytes", "Bytes fetched by pulls and copies.", ["source"],
+                                  registry=r)
+        if requests is not None:
+            r.register(RequestLogCollector(requests))
+
+    def watch(self, scheduler: Scheduler) -> None:
+        """Export ``scheduler``'s state at each scrape (:class:`SchedulerCollector`). Call it once."""
+        self.registry.register(SchedulerCollector(scheduler, self.node))
+
+    # -- events (the data path calls these) --------------------------------------------------------------
+
+    def request_done(self, row: RequestRow) -> None:
+        """One finished request (the row the request log gets, llmman.obs.requestlog.RequestRow)."""
+        model, node, kind = _label(row.model), row.node, row.kind
+        self.requests.labels(row.route, row.dialect, str(row.status), model, node, kind).inc()
+        if row.prompt_tokens:
+            self.tokens.labels("in", model, node, kind).inc(row.prompt_tokens)
+        if row.completion_tokens:
+            self.tokens.labels("out", model, node, kind).inc(row.completion_tokens)
+        if row.ttft is not None:
+            self.ttft.labels(model, node, kind).observe(row.ttft)
+        speed = row.tokens_per_s
+        if speed is not None:
+            self.speed.labels(model, node, kind).observe(speed)
+
+    def waited(self, model: str, seconds: float) -> None:
+        """A request got its model after ``seconds`` (llmman.sched.table.Lease.load_duration)."""
+        self.queue_wait.labels(_label(model)).observe(seconds)
+
+    def load_done(self, model: str, seconds: float, *, ok: bool) -> None:
+        """A llama-server start ended after ``seconds``: ready (``ok``) or failed."""
+        self.loads.labels(model, "ok" if ok else "failed").inc()
+        if ok:
+            self.load_time.labels(model).observe(seconds)
+
+    def evicted(self, model: str) -> None:
+        """``model`` was unloaded (or marked to drain) to make room for another."""
+        self.evictions.labels(model).inc()
+
+    def crashed(self, model: str, cause: str) -> None:
+        """``model``'s child died on its own (``cause``: llmman.runner.crash.Cause value)."""
+        self.crashes.labels(model, cause).inc()
+
+    def restarted(self, model: str) -> None:
+        """``model`` is loaded again after a crash or a failed load."""
+        self.restarts.labels(model).inc()
+
+    def forwarded(self, peer: str, outcome: str) -> None:
+        """A request was sent on to ``peer``: ``ok`` (it answered), ``failed`` (before its status line),
+        ``broken`` (after it) or ``cancelled`` (the client left)."""
+        self.forwards.labels(peer, outcome).inc()
+
+    def hop(self, peer: str, outcome: str) -> None:
+        """A request forwarded here by ``peer`` (its address) was served: ``ok`` or ``error``."""
+        self.hops.labels(peer, outcome).inc()
+
+    def pulled(self, source: str, outcome: str, nbytes: int = 0) -> None:
+        """A pull (``source`` = ``registry``) or copy from a peer (``peer``) ended; ``nbytes`` fetched."""
+        self.pulls.labels(source, outcome).inc()
+        if nbytes:
+            self.pull_bytes.labels(source).inc(nbytes)
+
+    # -- exposition -----------------------------------------------------------------------------------
+
+    def exposition(self, extra: Iterable[Metric] = ()) -> bytes:
+        """The Prometheus text format of every family, then ``extra`` (the children's, folded in)."""
+        text = generate_latest(self.registry)
+        families = list(extra)
+        if families:
+            more = CollectorRegistry(auto_describe=False)
+            more.register(_Fixed(families))
+            text += generate_latest(more)
+        return text
+
+
+class _Fixed(Collector):
+    """Families built elsewhere, collected as they are."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
+
+
+def _kind(snap: LoadedSnapshot) -> str:
+    return "embedding" if snap.embedding else "chat"
+
+
+def _state(snap: LoadedSnapshot) -> str:
+    return "loading" if not snap.ready else "draining" if snap.draining else "ready"
+
+
+def _rss(pid: int | None) -> int:
+    if pid is None:
+        return 0
+    with contextlib.suppress(psutil.Error):
+        return int(psutil.Process(pid).memory_info().rss)
+    return 0
+
+
+class SchedulerCollector(Collector):
+    """Gauges read from the scheduler at collect time: loaded models (state, slots, in flight, queued,
+    memory), the node's memory (capacity, planned, used), draining, and each model's failure record."""
+
+    def __init__(self, scheduler: Scheduler, node: str) -> None:
+        self._scheduler = scheduler
+        self._node = node
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples (so the registry knows the names and refuses duplicates)."""
+        yield from self._families()
+
+    def _families(self) -> tuple[GaugeMetricFamily, ...]:
+        per_model = ["model", "kind", "node"]
+        return (
+            GaugeMetricFamily("llmman_model_loaded", "1 per loaded (or loading) model, with its state.",
+                              labels=[*per_model, "state"]),
+            GaugeMetricFamily("llmman_model_slots", "Requests a loaded model serves at once (-np).",
+                              labels=per_model),
+            GaugeMetricFamily("llmman_in_flight", "Requests being served now.", labels=per_model),
+            GaugeMetricFamily("llmman_queued", "Requests waiting for a load or a free slot.",
+                              labels=per_model),
+            GaugeMetricFamily("llmman_model_memory_bytes",
+                              "Memory a model takes: llama-server's figure once loaded, else the estimate.",
+                              labels=per_model),
+            GaugeMetricFamily("llmman_memory_capacity_bytes", "Memory llmman may fill with models (0 = no "
+                              "limit).", labels=["node"]),
+            GaugeMetricFamily("llmman_memory_planned_bytes", "Memory the loaded models are counted at.",
+                              labels=["node"]),
+            GaugeMetricFamily("llmman_memory_used_bytes", "Memory the children use now: their resident "
+                              "memory plus the device memory llama-server reported.", labels=["node"]),
+            GaugeMetricFamily("llmman_node_draining", "1 while the node takes no new placements.",
+                              labels=["node"]),
+            GaugeMetricFamily("llmman_model_failures", "Failures in a row of a model (crashes or failed "
+                              "loads), with the last cause.", labels=["model", "cause", "node"]),
+            GaugeMetricFamily("llmman_model_breaker_open", "1 once a model failed too often in a row to be "
+                              "restarted by itself.", labels=["model", "node"]),
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        """The families with this moment's samples."""
+        (loaded, slots, in_flight, queued, model_memory, capacity, planned, used, draining, failures,
+         breaker) = self._families()
+        node = self._node
+        snaps = self._scheduler.snapshot()
+        for snap in snaps:
+            labels = [snap.reference, _kind(snap), node]
+            serving = min(snap.refcount, snap.slots) if snap.ready else 0
+            loaded.add_metric([*labels, _state(snap)], 1)
+            slots.add_metric(labels, snap.slots)
+            in_flight.add_metric(labels, serving)
+            queued.add_metric(labels, snap.refcount - serving)
+            model_memory.add_metric(labels, snap.memory)
+        capacity.add_metric([node], self._scheduler.capacity)
+        planned.add_metric([node], sum(s.memory for s in snaps))
+        used.add_metric([node], sum(_rss(s.pid) + s.memory_device for s in snaps))
+        draining.add_metric([node], 1 if self._scheduler.draining else 0)
+        for key, failure in self._scheduler.healer.failures.items():
+            failures.add_metric([key, failure.cause, node], failure.count)
+            breaker.add_metric([key, node], 1 if failure.broken else 0)
+        yield from (loaded, slots, in_flight, queued, model_memory, capacity, planned, used, draining,
+                    failures, breaker)
+
+
+class RequestLogCollector(Collector):
+    """The request log's writer: rows written, dropped (queue full) and lost to database errors."""
+
+    def __init__(self, requests: RequestLog) -> None:
+        self._log = requests
+
+    def collect(self) -> Iterator[Metric]:
+        """Counters read from the log at collect time."""
+        rows = CounterMetricFamily("llmman_requestlog_rows", "Request-log rows, by what became of them.",
+                                   labels=["outcome"])
+        rows.add_metric(["written"], self._log.written)
+        rows.add_metric(["dropped"], self._log.dropped)
+        rows.add_metric(["failed"], self._log.failed)
+        yield rows
