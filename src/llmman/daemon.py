@@ -159,7 +159,7 @@ def make_peers(settings: Settings) -> Peers:
     session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
     if addresses:
         log.info("aggregation peers: %s", ", ".join(a.netloc for a in addresses))
-    return Peers(session, addresses, api_key=key)
+    return Peers(session, addresses, api_key=key, refresh=settings.refresh)
 
 
 async def _preload(gateway: Gateway, name: str) -> None:
@@ -233,6 +233,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
     preloads = [preload] if preload else []
     preloads += [ref for ref, preset in settings.presets.items() if preset.preload and ref not in preloads]
     preload_tasks = [asyncio.create_task(_preload(gateway, name)) for name in preloads]
+    peers.start()  # the background refresh of the peers' state; peers.close() below stops it
     try:
         await server.serve()
     finally:

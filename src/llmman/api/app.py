@@ -16,6 +16,7 @@ from llmman.api import (
     ollama_infer,
     ollama_models,
     openai,
+    pool_view,
     requestlog_routes,
     responses,
 )
@@ -50,6 +51,7 @@ def build_app(services: Services) -> Starlette:
         Route("/metrics", metrics_route.metrics, methods=["GET"]),
         Route("/llmman/requests", requestlog_routes.requests, methods=["GET"]),
         Route("/llmman/stats", requestlog_routes.request_stats, methods=["GET"]),
+        Route("/llmman/pool", pool_view.pool, methods=["GET"]),
         *transfer_routes(),
         Route("/v1/messages", anthropic.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
