@@ -87,6 +87,7 @@ PEER_COUNTS = (1, 3, 8)
 REPLY = " ".join(f"w{i}" for i in range(100))  # 100 tokens; max_tokens cuts each stream shorter
 TARGETS = {2: 1.8, 3: 2.7}  # default policy, ratio to one node (issue 11)
 TARGET_PLACEMENT_MS = 20.0
+SAMPLE_AFTER_S = 1.0  # when each node's in-flight and queued counts are read during a round
 
 
 def host(i: int) -> str:
@@ -163,11 +164,16 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 
 # ------------------------------------------------------------------------------------------ throughput
+def node_of(d: Daemon) -> str:
+    """How a node is named in the figures: its loopback address."""
+    return d.url.split("//")[1].rsplit(":", 1)[0]
+
+
 def fake_counts(daemons: Sequence[Daemon]) -> dict[str, dict[int, int]]:
     """Per node (``host``), per fake child pid: generations it has begun (``/fake/stats`` ``started``)."""
     out: dict[str, dict[int, int]] = {}
     for d in daemons:
-        node = out.setdefault(d.url.split("//")[1].split(":")[0], {})
+        node = out.setdefault(node_of(d), {})
         for child in d.children():
             try:
                 argv = child.cmdline()
@@ -194,6 +200,7 @@ class PoolRound:
     errors: int
     served: dict[str, int]
     copies: dict[str, int]  # node -> llama-server children (loaded copies) at the round's end
+    busy: dict[str, dict[str, int]]  # node -> its /llmman/node in_flight and queued, SAMPLE_AFTER_S in
 
     @property
     def tps(self) -> float:
@@ -204,8 +211,10 @@ class PoolRound:
         """A one-line account of the round."""
         served = ", ".join(f"{n} {c}" + (f" ({self.copies[n]} copies)" if self.copies.get(n, 1) > 1 else "")
                            for n, c in self.served.items())
+        busy = ", ".join(f"{n} {b['in_flight']}+{b['queued']}q" for n, b in self.busy.items())
         return (f"{self.tps:7.1f} tok/s  TTFT p50 {percentile(self.ttft_ms, 0.5):7.1f} ms "
-                f"p95 {percentile(self.ttft_ms, 0.95):7.1f} ms  served: {served}"
+                f"p95 {percentile(self.ttft_ms, 0.95):7.1f} ms  served: {served}  "
+                f"in flight+queued at {SAMPLE_AFTER_S:g} s: {busy}"
                 f"{f'  errors {self.errors}' if self.errors else ''}")
 
 
@@ -235,11 +244,30 @@ class Cell:
             "errors": sum(r.errors for r in self.rounds),
             "served_per_round": [r.served for r in self.rounds],
             "copies_per_round": [r.copies for r in self.rounds],
+            "busy_per_round": [r.busy for r in self.rounds],
             "warmup": None if self.warmup is None else {
                 "tps": self.warmup.tps, "ttft_p50_ms": percentile(self.warmup.ttft_ms, 0.5),
                 "ttft_p95_ms": percentile(self.warmup.ttft_ms, 0.95), "errors": self.warmup.errors,
-                "served": self.warmup.served, "copies": self.warmup.copies},
+                "served": self.warmup.served, "copies": self.warmup.copies, "busy": self.warmup.busy},
         }
+
+
+async def busy_after(session: aiohttp.ClientSession, daemons: Sequence[Daemon],
+                     delay: float) -> dict[str, dict[str, int]]:
+    """Each node's ``/llmman/node`` ``in_flight`` and ``queued`` ``delay`` seconds into a round (where
+    the burst went); a node that does not answer is left out."""
+    await asyncio.sleep(delay)  # a sampling point of the measurement, not a synchronisation
+
+    async def one(d: Daemon) -> tuple[str, dict[str, int]] | None:
+        try:
+            async with session.get(d.url + "/llmman/node", headers=HOP) as resp:
+                doc = await resp.json()
+            return node_of(d), {"in_flight": doc["in_flight"], "queued": doc["queued"]}
+        except (aiohttp.ClientError, ValueError, KeyError, TypeError):
+            return None
+
+    found = await asyncio.gather(*(one(d) for d in daemons))
+    return dict(f for f in found if f is not None)
 
 
 async def pool_round(session: aiohttp.ClientSession, daemons: Sequence[Daemon], tag: str,
@@ -250,8 +278,10 @@ async def pool_round(session: aiohttp.ClientSession, daemons: Sequence[Daemon], 
                for i in range(STREAMS)]
     before = await asyncio.to_thread(fake_counts, daemons)
     start = time.perf_counter()
+    sampler = asyncio.create_task(busy_after(session, daemons, SAMPLE_AFTER_S))
     results = await asyncio.gather(*(one_stream(session, t) for t in targets), return_exceptions=True)
     wall = time.perf_counter() - start
+    busy = await sampler
     after = await asyncio.to_thread(fake_counts, daemons)
     good = [r for r in results if not isinstance(r, BaseException)]
     bad = [r for r in results if isinstance(r, BaseException)]
@@ -262,7 +292,7 @@ async def pool_round(session: aiohttp.ClientSession, daemons: Sequence[Daemon], 
             raise e
     return PoolRound(tokens=sum(r.tokens for r in good), wall=wall, ttft_ms=[r.ttft * 1000 for r in good],
                      errors=len(bad), served=served_between(before, after),
-                     copies={node: len(pids) for node, pids in after.items()})
+                     copies={node: len(pids) for node, pids in after.items()}, busy=busy)
 
 
 async def run_cell(daemons: Sequence[Daemon], cell: Cell, rounds: int, tokens: int) -> None:
@@ -279,11 +309,12 @@ async def run_cell(daemons: Sequence[Daemon], cell: Cell, rounds: int, tokens: i
                 cell.rounds.append(got)
 
 
-def throughput(tmp: Path, default_policy: str, rounds: int, tokens: int) -> list[Cell]:
-    """The 1-node baseline, then 2 and 3 nodes under ``off`` and under the default policy."""
+def throughput(tmp: Path, policies: Sequence[str], rounds: int, tokens: int) -> list[Cell]:
+    """The 1-node baseline, then 2 and 3 nodes under each of ``policies`` (``off``: LLMMAN_SPREAD=off;
+    any other: the default, nothing set)."""
     plan: list[tuple[str, int, dict[str, str]]] = [("none", 1, {})]
     plan += [(p, n, {"LLMMAN_SPREAD": "off"} if p == "off" else {})
-             for p in ("off", default_policy) for n in NODE_COUNTS[1:]]
+             for p in policies for n in NODE_COUNTS[1:]]
     cells = []
     for k, (policy, nodes, env) in enumerate(plan):
         cell = Cell(policy, nodes)
@@ -479,6 +510,7 @@ def main() -> int:
     parser.add_argument("--silent-cap", type=float, default=30.0, help="seconds before a stream is given up")
     parser.add_argument("--json", type=Path, help="where to write the results")
     parser.add_argument("--only", choices=("throughput", "placement", "silent"), help="run one part only")
+    parser.add_argument("--policies", default="off,default", help="the pools' policies: off, default or both")
     parser.add_argument("--workdir", type=Path, help="keep the daemons' homes, stores and logs here")
     args = parser.parse_args()
     quick = args.quick
@@ -500,7 +532,8 @@ def main() -> int:
             if args.only in (None, "throughput"):
                 print(f"throughput: {STREAMS} streams of {tokens} tokens to node 1, "
                       f"{rounds} round(s) per pool")
-                cells = throughput(tmp / "throughput", default_policy, rounds, tokens)
+                policies = [default_policy if p == "default" else p for p in args.policies.split(",")]
+                cells = throughput(tmp / "throughput", policies, rounds, tokens)
                 doc["throughput"] = print_throughput(cells, default_policy)
                 errors += sum(r["errors"] for r in doc["throughput"])
             if args.only in (None, "placement"):
