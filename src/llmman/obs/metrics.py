@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -83,6 +84,7 @@ class Metrics:
                              ["source", "outcome"], registry=r)
         self.pull_bytes = Counter("llmman_pull_bytes", "Bytes fetched by pulls and copies.", ["source"],
                                   registry=r)
+        self._by_request: dict[tuple[str, str, int, str, str, str], _RequestChildren] = {}
         if requests is not None:
             r.register(RequestLogCollector(requests))
 
@@ -94,17 +96,24 @@ class Metrics:
 
     def request_done(self, row: RequestRow) -> None:
         """One finished request (the row the request log gets, llmman.obs.requestlog.RequestRow)."""
-        model, node, kind = _label(row.model), row.node, row.kind
-        self.requests.labels(row.route, row.dialect, str(row.status), model, node, kind).inc()
+        key = (row.route, row.dialect, row.status, row.model, row.node, row.kind)
+        children = self._by_request.get(key)
+        if children is None:  # labels() costs more than the update itself: look the children up once
+            model, node, kind = _label(row.model), row.node, row.kind
+            children = self._by_request[key] = _RequestChildren(
+                self.requests.labels(row.route, row.dialect, str(row.status), model, node, kind),
+                self.tokens.labels("in", model, node, kind), self.tokens.labels("out", model, node, kind),
+                self.ttft.labels(model, node, kind), self.speed.labels(model, node, kind))
+        children.requests.inc()
         if row.prompt_tokens:
-            self.tokens.labels("in", model, node, kind).inc(row.prompt_tokens)
+            children.tokens_in.inc(row.prompt_tokens)
         if row.completion_tokens:
-            self.tokens.labels("out", model, node, kind).inc(row.completion_tokens)
+            children.tokens_out.inc(row.completion_tokens)
         if row.ttft is not None:
-            self.ttft.labels(model, node, kind).observe(row.ttft)
+            children.ttft.observe(row.ttft)
         speed = row.tokens_per_s
         if speed is not None:
-            self.speed.labels(model, node, kind).observe(speed)
+            children.speed.observe(speed)
 
     def waited(self, model: str, seconds: float) -> None:
         """A request got its model after ``seconds`` (llmman.sched.table.Lease.load_duration)."""
@@ -154,6 +163,17 @@ class Metrics:
             more.register(_Fixed(families))
             text += generate_latest(more)
         return text
+
+
+@dataclass(frozen=True, slots=True)
+class _RequestChildren:
+    """The labelled children one kind of request moves (:meth:`Metrics.request_done`)."""
+
+    requests: Counter
+    tokens_in: Counter
+    tokens_out: Counter
+    ttft: Histogram
+    speed: Histogram
 
 
 class _Fixed(Collector):
