@@ -17,6 +17,7 @@ import pytest
 
 from llmman.obs.requestlog import Bodies, RequestLog, RequestRow, Retention, used_bytes
 from llmman.obs.stats import RowFilter, percentile, recent, stats
+from llmman.obs.stopwatch import Stopwatch
 
 NOW = 1_800_000_000.0
 DAY = 86400.0
@@ -304,3 +305,15 @@ def test_recent_rows_filter_and_limit(tmp_path: Path) -> None:
     assert times(RowFilter(status="ok")) == [1, 0]
     assert times(RowFilter(since=NOW + 2)) == [3, 2]
     assert times(RowFilter(limit=2)) == [3, 2]
+
+
+def test_a_stopwatch_times_the_row() -> None:
+    ticks = iter([100.0, 100.25, 102.0])  # arrival, first token, end (a second first_token reads none)
+    watch = Stopwatch(clock=lambda: next(ticks), wall=lambda: NOW)
+    assert watch.ttft is None
+    watch.first_token()
+    watch.first_token()  # ignored: the first one counts
+    got = watch.row(node="spark", route="/api/chat", dialect="ollama", model="m", status=200,
+                    completion_tokens=35)
+    assert (got.time, got.ttft, got.duration) == (NOW, 0.25, 2.0)
+    assert got.tokens_per_s == 20.0

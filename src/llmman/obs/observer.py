@@ -1,8 +1,9 @@
 """What the data path reports to, in one handle: the request log, the metrics, the children and the health.
 
 :class:`Observer` is built once per daemon (:meth:`Observer.of`, in llmman.daemon) and reached through
-``Services.obs``. The data path calls :meth:`Observer.request_done` once per finished request; it never
-blocks and never raises.
+``Services.obs``. The data path calls :meth:`Observer.request_done` once per finished request with the
+row a :class:`~llmman.obs.stopwatch.Stopwatch` built; it never blocks and never raises. Bodies are handed in
+only when :attr:`RequestLog.wants_bodies <llmman.obs.requestlog.RequestLog.wants_bodies>` says so.
 """
 
 from __future__ import annotations
