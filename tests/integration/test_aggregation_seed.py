@@ -5,7 +5,8 @@ so the real models sit in them the same way: ``mac`` (127.0.0.2, 400 MB) holds o
 (loaded, SmolLM2 takes ~140-160 MB and Gemma 3 270M ~300 MB), ``spark`` (127.0.0.3, 1350 MB) holds
 several, and ``asahi`` (127.0.0.4, 84 MB) is too small for either (SmolLM2's weights alone are 98 MB).
 All three store ``smollm2:135m``; only the Mac stores ``gemma3:270m``. The Mac names the other two; they
-name nobody (membership is not symmetric). The last test kills the Spark.
+name nobody (membership is not symmetric). Every daemon runs ``spread = off``, the seed's rules (spreading
+is tests/integration/test_aggregation_spread.py). The last test kills the Spark.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(60
 SMOL, GEMMA = "smollm2:135m", "gemma3:270m"
 SMOL_REF, GEMMA_REF = f"docker.io/ai/{SMOL}", f"docker.io/ai/{GEMMA}"
 HOP = {"x-llmman-hop": "1"}
-BASE = {"LLMMAN_CONTEXT_LENGTH": "512", "LLMMAN_DEBUG": "1", "LLMMAN_KEEP_ALIVE": "10m"}
+BASE = {"LLMMAN_CONTEXT_LENGTH": "512", "LLMMAN_DEBUG": "1", "LLMMAN_KEEP_ALIVE": "10m",
+        "LLMMAN_SPREAD": "off"}  # the seed's rules: never a second copy
 
 
 def _gemma_file() -> Path:

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from llmman.cluster.peers import parse_node, parse_peers
-from llmman.cluster.placement import NodeView, model_size, place, rank
+from llmman.cluster.placement import (
+    ModelLoad,
+    NodeView,
+    copies,
+    model_size,
+    place,
+    rank,
+    rank_off,
+    rank_spread,
+    saturated_everywhere,
+)
 from llmman.cluster.views import merge
 from llmman.config.table import split_list
 from llmman.errors import ConfigError
@@ -92,3 +102,100 @@ def test_merge_names_nodes_and_dedupes_lists() -> None:
     assert merge("/api/ps", local, []) == local
     v1 = merge("/v1/models", {"object": "list", "data": [{"id": "a"}]}, [("s:1", {"data": [{"id": "c"}]})])
     assert [e["id"] for e in v1["data"]] == ["a", "c"]
+
+
+# --- Spreading (rank_spread, rank_off's fallback and draining rules) ----------------------------------------
+
+def copy(name: str, slots: int = 4, busy: int = 0, *, fallback: bool = False, state: str = "serving",
+         draining: bool = False, memory_gb: float = 8, ref: str = M) -> NodeView:
+    """A node with ``ref`` loaded (1 GB) in ``slots`` slots, ``busy`` requests on it (the rest queued)."""
+    served = min(busy, slots)
+    return NodeView(name, int(memory_gb * GB), {ref: GB}, {ref: GB}, state=state, fallback=fallback,
+                    models={ref: ModelLoad(slots, served, busy - served, draining=draining)})
+
+
+def bare(name: str, memory_gb: float = 8, *, stored: bool = True, fallback: bool = False,
+         state: str = "serving") -> NodeView:
+    """A node without a copy, storing ``M`` (1 GB) or not."""
+    return NodeView(name, int(memory_gb * GB), {}, {M: GB} if stored else {}, state=state, fallback=fallback)
+
+
+SPREAD_CASES = [
+    ("a spare slot here stays here", [copy("local", busy=3), copy("b", busy=0)], False, False,
+     ["local", "b"]),
+    ("full here: the loaded peer with the most spare slots", [
+        copy("local", busy=4), copy("b", busy=3), copy("c", busy=1)], False, False, ["c", "b", "local"]),
+    ("full here, fill: the first peer with a spare slot (stable order)", [
+        copy("local", busy=4), copy("b", busy=3), copy("c", busy=1)], True, False, ["b", "c", "local"]),
+    ("none has spare: least busy for its slots, ties local", [
+        copy("local", busy=6), copy("b", 2, busy=4), copy("c", busy=6)], False, False, ["local", "c", "b"]),
+    ("no new copy while one is loaded, even with room elsewhere", [
+        copy("local", busy=8), bare("b", 64)], False, False, ["local", "b"]),
+    ("another copy due: the node that stores it and fits, before the saturated one", [
+        copy("local", busy=8), bare("b", 64, stored=False), bare("c", 8)], True, True, ["c", "b", "local"]),
+    ("another copy due but it fits nowhere: queue on the loaded copy", [
+        copy("local", busy=8), bare("b", 0.5)], True, True, ["local", "b"]),
+    ("cold: the seed's rules 2 and 3", [bare("local", 8, stored=False), bare("b", 16), bare("c", 32)],
+     False, False, ["c", "b", "local"]),
+    ("cold, ties stay local", [bare("local", 16), bare("b", 16)], False, False, ["local", "b"]),
+    ("a fallback copy with spare only after the primaries' spare slots", [
+        copy("local", busy=1, fallback=True), copy("b", busy=2)], False, False, ["b", "local"]),
+    ("a fallback copy with spare before saturated primaries", [
+        copy("local", busy=9), copy("f", busy=0, fallback=True)], False, False, ["f", "local"]),
+    ("cold: a fallback node only after the primaries with room", [
+        bare("f", 128, fallback=True), bare("local", 8), bare("b", 16)], False, False, ["b", "local", "f"]),
+    ("cold: the fallback when no primary has room", [
+        bare("local", 0.5), bare("f", 8, fallback=True)], False, False, ["f", "local"]),
+    ("loaded only on a fallback: a primary with room loads it", [
+        copy("f", busy=0, fallback=True), bare("local", 8)], False, False, ["local", "f"]),
+    ("a draining node comes last, even with the only copy", [
+        copy("local", busy=0, state="draining"), bare("b", 8)], False, False, ["b", "local"]),
+    ("a copy being stopped comes last", [copy("local", busy=0, draining=True), copy("b", busy=3)],
+     False, False, ["b", "local"]),
+    ("only draining nodes: still ranked (one serves rather than none)", [
+        copy("local", busy=0, state="draining"), bare("b", 8, state="draining")], False, False,
+     ["local", "b"]),
+    ("an older node that publishes no load counts as one free slot", [
+        copy("local", busy=4), NodeView("old", 8 * GB, {M: GB}, {M: GB})], False, False, ["old", "local"]),
+]
+
+
+@pytest.mark.parametrize(("nodes", "fill", "replica", "expected"), [c[1:] for c in SPREAD_CASES],
+                         ids=[c[0] for c in SPREAD_CASES])
+def test_rank_spread(nodes: list[NodeView], fill: bool, replica: bool, expected: list[str]) -> None:
+    ranked = rank_spread(M, model_size(M, nodes), nodes, fill=fill, replica=replica)
+    assert [n.name for n in ranked] == expected
+
+
+def test_saturated_everywhere_counts_the_primary_copies_that_take_requests() -> None:
+    assert saturated_everywhere(M, [copy("local", busy=5), copy("b", 2, busy=3)])
+    assert not saturated_everywhere(M, [copy("local", busy=5), copy("b", busy=4)])  # b full, none waiting
+    assert not saturated_everywhere(M, [copy("local", busy=5), copy("b", busy=1)])
+    assert not saturated_everywhere(M, [bare("local")])  # no copy: nothing to be saturated
+    assert saturated_everywhere(M, [copy("local", busy=5), copy("f", busy=0, fallback=True)])
+    assert saturated_everywhere(M, [copy("local", busy=5), copy("b", busy=0, state="draining")])
+    assert copies(M, [copy("local"), copy("b", draining=True), copy("c", state="draining"), bare("d")]) == 1
+
+
+OFF_CASES = [
+    ("no fallback and nothing draining: the seed's ranking", [
+        node("local", 38, stored={M: 1}), node("spark", 128, stored={M: 1}), node("asahi", 8)],
+     ["spark", "local", "asahi"]),
+    ("a fallback node with the copy goes after a primary with room", [
+        NodeView("f", 8 * GB, {M: GB}, {M: GB}, fallback=True), node("local", 8)], ["local", "f"]),
+    ("a fallback node stays first when no primary has room", [
+        NodeView("f", 8 * GB, {M: GB}, {M: GB}, fallback=True), node("local", 0.5, loaded={BIG: 0.4})],
+     ["f", "local"]),
+    ("a draining node goes last", [NodeView("b", 8 * GB, {M: GB}, {M: GB}, state="draining"),
+                                   node("local", 8)], ["local", "b"]),
+]
+
+
+@pytest.mark.parametrize(("nodes", "expected"), [c[1:] for c in OFF_CASES], ids=[c[0] for c in OFF_CASES])
+def test_rank_off(nodes: list[NodeView], expected: list[str]) -> None:
+    assert [n.name for n in rank_off(M, model_size(M, nodes), nodes)] == expected
+
+
+def test_rank_spread_fails_over_to_a_fallback_with_room_before_a_primary_without() -> None:
+    nodes = [bare("local", 0.5, stored=False), copy("p"), bare("f", 64, fallback=True)]
+    assert [n.name for n in rank_spread(M, GB, nodes, fill=True, replica=False)] == ["p", "f", "local"]

@@ -36,6 +36,7 @@ from llmman.protocol.anthropic.messages import (
 from llmman.protocol.anthropic.tools import ForcedToolStream, forced_message, forced_request
 from llmman.protocol.anthropic.validate import forced_tool
 from llmman.protocol.capabilities import anthropic_needs, capability_error
+from llmman.protocol.conversation import conversation_key
 from llmman.protocol.transducer import SSETransducer
 
 log = logging.getLogger("llmman.api.anthropic")
@@ -63,7 +64,9 @@ async def count_tokens(request: Request) -> Response:
 async def _forward(request: Request, path: str) -> Response:
     counting = path == "/v1/messages/count_tokens"
     body, name = prepare_request(_parse(await request.body()), count_tokens=counting)
-    return await run(request, Call(name, partial(_serve, request, path, body, name)))
+    conversation = conversation_key(name, body.get("messages"), body.get("system"))
+    return await run(request, Call(name, partial(_serve, request, path, body, name),
+                                   conversation=conversation))
 
 
 async def _serve(request: Request, path: str, body: dict[str, object], name: str,

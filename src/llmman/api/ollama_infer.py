@@ -29,6 +29,7 @@ from llmman.cluster.router import Intent
 from llmman.errors import UpstreamError
 from llmman.gateway import ResolvedModel, UpstreamExchange
 from llmman.protocol.capabilities import check_capabilities
+from llmman.protocol.conversation import conversation_key
 from llmman.protocol.errors import upstream_text
 from llmman.protocol.ollama.fields import parse_json_body
 from llmman.protocol.ollama.ndjson import OllamaNdjson
@@ -69,7 +70,8 @@ async def _infer(request: Request, body: dict[str, object], upstream: UpstreamRe
     Ollama). Raises BadRequest for a malformed ``keep_alive``."""
     intent = Intent.UNLOAD if upstream.unloads else Intent.INFER
     serve = partial(_serve, request, body, upstream, started_ns)
-    return await run(request, Call(upstream.model, serve, intent))
+    return await run(request, Call(upstream.model, serve, intent,
+                                   conversation=conversation_key(upstream.model, body.get("messages"))))
 
 
 async def _serve(request: Request, body: dict[str, object], upstream: UpstreamRequest, started_ns: int,

@@ -31,6 +31,7 @@ from llmman.cluster.peers import HOP
 from llmman.errors import LlmmanError, ModelNotFound
 from llmman.gateway import ResolvedModel
 from llmman.protocol.capabilities import capability_error, openai_chat_needs
+from llmman.protocol.conversation import conversation_key
 from llmman.protocol.errors import Dialect
 from llmman.protocol.openai.shapes import models_list, openai_error, peek_model
 from llmman.protocol.openai.validate import InvalidParam, validate_chat, validate_completion
@@ -66,7 +67,8 @@ async def _proxy(request: Request, path: str) -> Response:
             validate_completion(body)
     except InvalidParam as exc:
         return bad_request(exc.message, exc.param)
-    return await run(request, Call(name, partial(_serve, request, path, body, raw, name)))
+    return await run(request, Call(name, partial(_serve, request, path, body, raw, name),
+                                   conversation=conversation_key(name, body.get("messages"))))
 
 
 async def _serve(request: Request, path: str, body: dict[str, object], raw: bytes, name: str,

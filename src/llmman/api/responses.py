@@ -25,6 +25,7 @@ from llmman.api.relay import passthrough
 from llmman.api.services import Services
 from llmman.gateway import ResolvedModel
 from llmman.protocol.capabilities import capability_error, responses_needs
+from llmman.protocol.conversation import conversation_key
 from llmman.protocol.errors import Dialect
 from llmman.protocol.openai.responses import clean_request
 
@@ -43,7 +44,9 @@ async def input_tokens(request: Request) -> Response:
 
 async def _forward(request: Request, path: str) -> Response:
     body, name = clean_request(await request.body())
-    return await run(request, Call(name, partial(_serve, request, path, body, name)))
+    conversation = conversation_key(name, body.get("input"), body.get("instructions"))
+    return await run(request, Call(name, partial(_serve, request, path, body, name),
+                                   conversation=conversation))
 
 
 async def _serve(request: Request, path: str, body: dict[str, object], name: str,

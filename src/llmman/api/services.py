@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmman.cluster.peers import Peers
-from llmman.cluster.router import Router
+from llmman.cluster.router import Policy, Router
 from llmman.config.settings import Settings
 from llmman.gateway import Gateway
 from llmman.obs.observer import Observer
@@ -29,5 +29,6 @@ class Services:
     router: Router = field(init=False)  # where each request runs, over the others
 
     def __post_init__(self) -> None:
-        router = Router(self.peers, self.scheduler, self.store, self.settings.host, self.settings.aliases)
+        router = Router(self.peers, self.scheduler, self.store, self.settings.host, self.settings.aliases,
+                        policy=Policy.of(self.settings))
         object.__setattr__(self, "router", router)

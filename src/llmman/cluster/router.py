@@ -7,13 +7,18 @@ gets back; this module owns every rule of that choice, and only here is it made:
   may name the peer to copy a missing model from, honoured only when it is one of this node's configured
   peers (:mod:`.source`); ``*`` there is the connection's source address, else the peer whose probe
   lists the model as stored;
-* a node without peers, a model already loaded here, or a name that does not parse: served here;
+* a node without peers, or a name that does not parse: served here;
 * ``/api/show`` (:attr:`Intent.SHOW`) goes to a node storing the model; an unload (``keep_alive`` 0
   with nothing to generate, :attr:`Intent.UNLOAD`) to the node that has it loaded, else to one storing
-  it (which answers ``unload`` as a single daemon storing it does);
-* anything else is ranked by the three rules of docs/aggregation.md (:func:`.placement.rank`: loaded,
-  else fits and stored, else the most room); a peer seen with the model loaded moments ago is tried
-  without a new probe (:mod:`.recent`);
+  it (which answers ``unload`` as a single daemon storing it does); a model loaded here stays here;
+* anything else by :attr:`Policy.spread` (docs/aggregation.md#spreading-and-replicas):
+  ``off`` — the three rules of the seed (:func:`.placement.rank_off`: loaded, else fits and stored, else
+  the most room; a model loaded here is served here; a peer seen with the model loaded moments ago is
+  tried without a new probe, :mod:`.recent`); ``loaded`` and ``replicas`` — over the loaded copies'
+  slots (:func:`.placement.rank_spread`; a copy here with a spare slot is served here without looking at
+  the peers), ``replicas`` placing another copy when every copy stayed saturated
+  (:class:`.replicas.Saturation`), a conversation's next turn going where it went (:mod:`.affinity`);
+  with every policy fallback nodes come after the others and draining nodes last;
 * when the chosen node lacks the model and another node stores it, the copy source goes with the
   decision: :class:`Local` ``source`` for this node, :class:`Target` ``source`` (a header) for a peer.
 
@@ -24,13 +29,31 @@ gets back; this module owns every rule of that choice, and only here is it made:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from enum import Enum
 
+from llmman.cluster.affinity import Affinity
 from llmman.cluster.copy import PullSource
 from llmman.cluster.peers import Peers, local_view, peer_name
-from llmman.cluster.placement import NodeView, model_size, rank
+from llmman.cluster.placement import (
+    LOCAL,
+    OFF,
+    REPLICAS,
+    ModelLoad,
+    NodeView,
+    copies,
+    model_size,
+    rank_off,
+    rank_spread,
+    saturated_everywhere,
+    usable_copy,
+)
+from llmman.cluster.replicas import LocalPending, Saturation
 from llmman.cluster.source import configured_source, source_digest, storing_peer
+from llmman.cluster.state import model_loads
+from llmman.config.settings import Settings
 from llmman.config.table import HostAddress
 from llmman.errors import LlmmanError
 from llmman.refs import parse_reference
@@ -98,6 +121,35 @@ class Forward:
 Decision = Local | Forward
 
 
+@dataclass(frozen=True)
+class Policy:
+    """How this node places requests (docs/aggregation.md#spreading-and-replicas).
+
+    Attributes:
+        spread: ``off`` (the seed's rules), ``loaded`` (spread over the loaded copies) or ``replicas``
+            (also load another copy when every copy stays saturated).
+        max_replicas: the most copies of one model ``replicas`` makes in the pool; 0 = one per node.
+        replica_after: seconds every copy must stay saturated before another one loads.
+        affinity: send a conversation's next turns where its last one went.
+        affinity_ttl: seconds a conversation is remembered after its last turn (``server.keep_alive``).
+        name: this node's name (``node.name``); fallback: this node is fallback-only (``node.fallback``).
+    """
+
+    spread: str = REPLICAS
+    max_replicas: int = 0
+    replica_after: float = 2.0
+    affinity: bool = True
+    affinity_ttl: float = 300.0
+    name: str = ""
+    fallback: bool = False
+
+    @classmethod
+    def of(cls, settings: Settings) -> Policy:
+        """The policy the settings configure."""
+        return cls(settings.spread, settings.max_replicas, settings.replica_after, settings.affinity,
+                   settings.keep_alive, settings.node_name, settings.fallback)
+
+
 class Router:
     """The placement decision of this node (see the module docstring).
 
@@ -106,15 +158,23 @@ class Router:
         scheduler, store: this node's state, for its own view.
         own: this node's listen address (its scheme and port name it to a peer as ``scheme://*:PORT``).
         aliases: the ``[aliases]`` table, for reading model names.
+        policy: how requests are placed (:meth:`Policy.of` the settings).
+        clock: monotonic seconds, for the saturation period, the affinity memory and the local
+            placements not yet counted by the scheduler (tests pass a fake one).
     """
 
     def __init__(self, peers: Peers | None, scheduler: Scheduler, store: Store, own: HostAddress,
-                 aliases: dict[str, str]) -> None:
+                 aliases: dict[str, str], *, policy: Policy | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.peers = peers
+        self.policy = policy or Policy()
         self._scheduler = scheduler
         self._store = store
         self._own = own
         self._aliases = aliases
+        self._saturation = Saturation(clock)
+        self._pending = LocalPending(clock=clock)
+        self.affinity = Affinity(self.policy.affinity_ttl, clock=clock)
 
     def reference(self, name: str) -> str | None:
         """``name``'s full reference, or None when it does not parse."""
@@ -139,23 +199,83 @@ class Router:
             return Local()
         ref = self.reference(name)
         if origin.hop:
+            if ref is not None and intent is Intent.INFER and self.policy.spread != OFF:
+                self._pending.placed(ref, self._reported_busy(ref))
             return await self._hop(origin, ref)
-        if ref is None or self._loaded_here(ref):
+        if ref is None:
             return Local()
         if intent is not Intent.INFER:
+            if LOCAL not in tried and self._loaded_here(ref):
+                return Local()
             peers.recent.forget(ref)
-        elif not fresh and (seen := peers.recent.get(ref)) is not None and seen[0] in peers.up():
+            nodes = [self._local_view(ref), *await peers.current()]
+            candidates = _looking(intent, ref, nodes)
+            _log_seed(ref, candidates, nodes, tried)
+            return self._route(ref, intent, nodes, candidates, tried)
+        if self.policy.spread == OFF:
+            return await self._seed(ref, fresh, tried)
+        return await self._spread(ref, tried, conversation)
+
+    async def _seed(self, ref: str, fresh: bool, tried: frozenset[str]) -> Decision:
+        """``spread = off``: loaded here is served here, a peer seen with it loaded is tried without a
+        probe, else :func:`.placement.rank_off`."""
+        peers = self.peers
+        assert peers
+        local = self._local_load(ref)
+        if LOCAL not in tried and local is not None and not local.draining and not self._scheduler.draining:
+            return Local()
+        if not fresh and (seen := peers.recent.get(ref)) is not None and seen[0] in peers.up() \
+                and peer_name(seen[0]) not in tried:
             log.debug("placement of %s: %s (loaded there, probed %.1f s ago)", ref, peer_name(seen[0]),
                       seen[1])
             return Forward((Target(seen[0]),), otherwise=None)
-        nodes = [local_view(self._scheduler, self._store), *await peers.current()]
-        candidates = [n for n in _candidates(intent, ref, nodes) if n.name not in tried]
-        if not candidates:
+        nodes = [self._local_view(ref), *await peers.current()]
+        ranked = rank_off(ref, model_size(ref, nodes), nodes)
+        _log_seed(ref, ranked, nodes, tried)
+        decision = self._route(ref, Intent.INFER, nodes, ranked, tried)
+        first = next((n for n in ranked if n.name not in tried), None)
+        if first is not None and first.has_loaded(ref) and not first.is_local:
+            peers.recent.put(ref, self._address(first))
+        return decision
+
+    async def _spread(self, ref: str, tried: frozenset[str], conversation: str | None) -> Decision:
+        """``spread = loaded`` or ``replicas``: a spare slot here (and no conversation elsewhere) is
+        served here without looking at the peers, else :func:`.placement.rank_spread` over every
+        node, a conversation's node first while its copy is not saturated."""
+        peers, policy = self.peers, self.policy
+        assert peers
+        affine = self.affinity.get(conversation) if conversation is not None and policy.affinity else None
+        here = self._local_load(ref)
+        if LOCAL not in tried and affine in (None, LOCAL) and not policy.fallback \
+                and not self._scheduler.draining and here is not None and not here.draining and here.spare:
+            self._saturation.observe(ref, False, policy.replica_after)  # a copy with room: not saturated
+            return self._here(ref, conversation)
+        nodes = [self._local_view(ref), *await peers.current()]
+        due = self._saturation.observe(ref, saturated_everywhere(ref, nodes), policy.replica_after)
+        replica = policy.spread == REPLICAS and due \
+            and (policy.max_replicas <= 0 or copies(ref, nodes) < policy.max_replicas)
+        ranked = _affine_first(ref, affine, rank_spread(ref, model_size(ref, nodes), nodes,
+                                                        fill=policy.spread == REPLICAS, replica=replica))
+        first = next((n for n in ranked if n.name not in tried), None)
+        if first is None:
             return Local()
-        log.debug("placement of %s: %s (free/memory: %s)", ref, [n.name for n in candidates],
-                  {n.name: f"{n.free}/{n.memory}" for n in nodes})
-        if intent is Intent.INFER and candidates[0].has_loaded(ref) and not candidates[0].is_local:
-            peers.recent.put(ref, self._address(candidates[0]))
+        log.debug("placement of %s: %s (spread %s%s; load: %s)", ref,
+                  [n.name for n in ranked if n.name not in tried], policy.spread,
+                  ", another copy due" if replica else "", {n.name: _load_text(n, ref) for n in nodes})
+        if conversation is not None and policy.affinity:
+            self.affinity.put(conversation, first.name)
+        if first.is_local:
+            self._pending.placed(ref, self._reported_busy(ref))
+        return self._route(ref, Intent.INFER, nodes, ranked, tried)
+
+    def _route(self, ref: str, intent: Intent, nodes: list[NodeView], ranked: list[NodeView],
+               tried: frozenset[str]) -> Decision:
+        """The decision for ``ranked`` less ``tried``: the peers before this node as targets, each told
+        where to copy the model from when it lacks it; this node (or, when it is not ranked, nothing
+        left) as :attr:`Forward.otherwise`."""
+        peers = self.peers
+        assert peers
+        candidates = [n for n in ranked if n.name not in tried]
         # Only a request that will load the model copies it (an unload or a show only looks).
         storer = next((n for n in nodes if n.has_stored(ref)), None) if intent is Intent.INFER else None
         targets: list[Target] = []
@@ -165,7 +285,42 @@ class Router:
                               if storer is not None and not storer.is_local else None)
                 return Forward(tuple(targets), local) if targets else local
             targets.append(self._target(node, storer, ref))
-        return Forward(tuple(targets), Local())
+        return Forward(tuple(targets), Local()) if targets else Local()
+
+    def _here(self, ref: str, conversation: str | None) -> Local:
+        """Served here from the copy loaded here: counted until the scheduler shows it, remembered for
+        the conversation."""
+        self._pending.placed(ref, self._reported_busy(ref))
+        if conversation is not None and self.policy.affinity:
+            self.affinity.put(conversation, LOCAL)
+        return Local()
+
+    def _local_load(self, ref: str) -> ModelLoad | None:
+        """How busy this node's copy of ``ref`` is, the placements the scheduler does not show yet
+        included (:class:`.replicas.LocalPending`; none under ``spread = off``); None when not loaded."""
+        load = _load_in(model_loads(self._scheduler.snapshot()), ref)
+        if load is None or self.policy.spread == OFF:
+            return load
+        busy = self._pending.busy(ref, load.busy)
+        if busy == load.busy:
+            return load
+        served = load.in_flight if load.loading else min(busy, load.slots or 1)
+        return replace(load, in_flight=served, queued=busy - served)
+
+    def _reported_busy(self, ref: str) -> int:
+        """Requests on this node's copy of ``ref`` as the scheduler counts them (0 when not loaded)."""
+        load = _load_in(model_loads(self._scheduler.snapshot()), ref)
+        return 0 if load is None else load.busy
+
+    def _local_view(self, ref: str) -> NodeView:
+        """This node as its peers see it, with :meth:`_local_load` as the load of ``ref``."""
+        view = local_view(self._scheduler, self._store, name=self.policy.name, fallback=self.policy.fallback)
+        load = self._local_load(ref)
+        if load is None:
+            return view
+        models = {r: m for r, m in view.models.items() if r.lower() != ref.lower()}
+        models[ref] = load
+        return replace(view, models=models)
 
     def failed(self, target: Target, why: str) -> None:
         """``target`` failed before answering: it is left out until it answers a probe again."""
@@ -214,10 +369,43 @@ class Router:
         return next(a for a in self.peers.addresses if peer_name(a) == node.name)
 
 
-def _candidates(intent: Intent, ref: str, nodes: list[NodeView]) -> list[NodeView]:
-    """Where to try, in order: show and unload go where the model is; anything else by the rules."""
+def _looking(intent: Intent, ref: str, nodes: list[NodeView]) -> list[NodeView]:
+    """Where a show or an unload goes, in order: show where the model is stored, unload where it is
+    loaded (loaded nowhere: a node storing it answers as one daemon would, 200)."""
     if intent is Intent.SHOW:
         return [n for n in nodes if n.has_stored(ref)] or nodes[:1]
-    if intent is Intent.UNLOAD:  # loaded nowhere: a node storing it answers as one daemon would (200)
-        return [n for n in nodes if n.has_loaded(ref)] or [n for n in nodes if n.has_stored(ref)] or nodes[:1]
-    return rank(ref, model_size(ref, nodes), nodes)
+    return [n for n in nodes if n.has_loaded(ref)] or [n for n in nodes if n.has_stored(ref)] or nodes[:1]
+
+
+def _affine_first(ref: str, affine: str | None, ranked: list[NodeView]) -> list[NodeView]:
+    """``ranked`` with the conversation's node first while its copy takes requests and has a spare
+    slot — or, when no copy has one, is not saturated; a fallback node only when the first choice is
+    one too. A node that is gone (not ranked) or has unloaded the model loses its conversations."""
+    node = next((n for n in ranked if n.name == affine), None) if affine is not None else None
+    if node is None or node is ranked[0]:
+        return ranked
+    load, best = usable_copy(node, ref), usable_copy(ranked[0], ref)
+    if load is None or (node.fallback and not ranked[0].fallback):
+        return ranked
+    if not load.spare and (load.saturated or (best is not None and best.spare)):
+        return ranked
+    return [node, *(n for n in ranked if n is not node)]
+
+
+def _load_in(loads: dict[str, ModelLoad], ref: str) -> ModelLoad | None:
+    key = ref.lower()
+    return next((m for r, m in loads.items() if r.lower() == key), None)
+
+
+def _load_text(node: NodeView, ref: str) -> str:
+    """One node's figures for a debug line: ``busy/slots`` of its copy, or ``free/memory``."""
+    flags = "".join(f for f, on in ((" fallback", node.fallback), (" draining", node.draining)) if on)
+    load = node.load_of(ref)
+    if load is not None:
+        return f"{load.busy}/{load.slots} busy{' (stopping)' if load.draining else ''}{flags}"
+    return f"{node.free}/{node.memory} free{flags}"
+
+
+def _log_seed(ref: str, ranked: list[NodeView], nodes: list[NodeView], tried: frozenset[str]) -> None:
+    log.debug("placement of %s: %s (free/memory: %s)", ref, [n.name for n in ranked if n.name not in tried],
+              {n.name: f"{n.free}/{n.memory}" for n in nodes})
