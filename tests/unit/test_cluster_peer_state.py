@@ -230,6 +230,8 @@ async def test_fresh_views_answer_without_a_probe_and_stale_ones_cost_one_round(
         assert all(sorted(v.name for v in a) == sorted([b.name, c.name]) for a in answers)
         await peers.current()  # the probe's answers are the new sightings: fresh again
         assert peers.probe_rounds == 1
+        await peers.current(probe=True)  # asked for: a round however fresh the views are
+        assert peers.probe_rounds == 2 and (b.hits, c.hits) == (hits[0] + 2, hits[1] + 2)
     finally:
         await peers.close()
 

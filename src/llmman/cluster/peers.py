@@ -308,10 +308,15 @@ class Peers:
         seen = self._seen.get(view.name)
         return seen.mark if seen is not None and seen.view is view else self._probe_mark
 
-    async def current(self) -> list[NodeView]:
+    async def current(self, *, probe: bool = False) -> list[NodeView]:
         """The up peers' views to decide on, each with the forwards this node started since it was
-        fetched (:mod:`.optimistic`): the background sightings when fresh, else one probe round."""
-        fresh = self._fresh()
+        fetched (:mod:`.optimistic`): the background sightings when fresh, else one probe round.
+
+        Args:
+            probe: make the probe round whatever the sightings' age (a decision that must not rest on
+                figures up to a few refresh intervals old, e.g. where an unload goes).
+        """
+        fresh = None if probe else self._fresh()
         if fresh is not None:
             pairs = [(s.view, s.mark) for s in fresh]
         else:
