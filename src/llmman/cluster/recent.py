@@ -6,6 +6,10 @@ when the peer fails (a failed forward or mid-answer break marks it down), when i
 when the model is unloaded through this node, and when the time is up; the next request then probes as
 usual. Entries are only ever set by a probe, never refreshed by use, so the figures behind a decision
 are never older than the TTL.
+
+With the background refresh of the peers' state (cluster/peers.py, ``aggregation.refresh``) a decision
+rarely probes at all, so this memory saves little more than reading those views; it stays because the
+router reads it (a shortcut that skips even building the views).
 """
 
 from __future__ import annotations
