@@ -317,3 +317,11 @@ def test_a_stopwatch_times_the_row() -> None:
                     completion_tokens=35)
     assert (got.time, got.ttft, got.duration) == (NOW, 0.25, 2.0)
     assert got.tokens_per_s == 20.0
+
+
+def test_a_log_built_by_hand_reads_as_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with opened(tmp_path / "requests.db") as requests:  # a real log in the working directory
+        requests.record(row())
+        assert requests.flush()
+    monkeypatch.chdir(tmp_path)
+    assert recent(RequestLog.disabled().path, RowFilter()) == []

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -192,8 +193,8 @@ class RequestLog:
 
     @classmethod
     def disabled(cls) -> RequestLog:
-        """A log that records nothing (``log.requests = off``, or a daemon built by hand in tests)."""
-        return cls(Path(FILE_NAME), enabled=False)
+        """A log that records nothing and reads as empty (a daemon assembled by hand, as in tests)."""
+        return cls(Path(os.devnull), enabled=False)
 
     @property
     def wants_bodies(self) -> bool:
