@@ -9,6 +9,7 @@ from starlette.routing import Route
 
 from llmman.api import (
     anthropic,
+    drain,
     embeddings,
     health,
     metrics_route,
@@ -47,6 +48,9 @@ def build_app(services: Services) -> Starlette:
         Route("/v1/models", pooled("/v1/models", openai.models), methods=["GET"]),
         Route("/v1/models/{id:path}", openai.model, methods=["GET"]),
         Route("/llmman/node", node.node, methods=["GET"]),
+        Route("/llmman/drain", drain.drain, methods=["POST"]),
+        Route("/llmman/drain", drain.state, methods=["GET"]),
+        Route("/llmman/undrain", drain.undrain, methods=["POST"]),
         Route("/health", health.health, methods=["GET", "HEAD"]),
         Route("/metrics", metrics_route.metrics, methods=["GET"]),
         Route("/llmman/requests", requestlog_routes.requests, methods=["GET"]),

@@ -32,6 +32,8 @@ _HANDLERS = {
     "run": "commands_run:cmd_run",
     "ps": "commands_daemon:cmd_ps",
     "stop": "commands_daemon:cmd_stop",
+    "drain": "commands_drain:cmd_drain",
+    "undrain": "commands_drain:cmd_undrain",
     "nodes": "commands_nodes:cmd_nodes",
     "config": "commands_daemon:cmd_config",
     "list": "commands_store:cmd_list",
@@ -116,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     _verb(sub, "ps", "List loaded models")
     p = _verb(sub, "stop", "Unload a model")
     p.add_argument("model")
+    p = _verb(sub, "drain", "Drain a node: it takes no new work and unloads each model once idle")
+    p.add_argument("node", nargs="?", help="the node's name or host:port (default: this one)")
+    p.add_argument("--wait", action="store_true", help="return once it has no request and no model left")
+    p = _verb(sub, "undrain", "Put a drained node back into service")
+    p.add_argument("node", nargs="?", help="the node's name or host:port (default: this one)")
     p = _verb(sub, "nodes", "Show the pool: this node and its peers, their state and load")
     p.add_argument("--json", action="store_true", help="print /llmman/pool as JSON")
 
