@@ -402,7 +402,7 @@ def insert(conn: sqlite3.Connection, rows: Iterable[RequestRow], bodies: Bodies)
         return
     for row in rows:
         cursor = conn.execute(_INSERT, row.values())
-        if bodies is Bodies.OFF or (row.request_body is None and row.response_body is None):
+        if row.request_body is None and row.response_body is None:
             continue
         if bodies is Bodies.CONVERSATION and row.conversation:
             conn.execute(
