@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import cast
 
 from llmman.cluster.affinity import Affinity
 from llmman.cluster.copy import PullSource
@@ -58,7 +59,7 @@ from llmman.config.table import HostAddress
 from llmman.errors import LlmmanError
 from llmman.refs import parse_reference
 from llmman.sched.scheduler import Scheduler
-from llmman.store import Store
+from llmman.store import Store, StoredModel
 
 log = logging.getLogger("llmman.cluster")
 
@@ -313,8 +314,10 @@ class Router:
         return 0 if load is None else load.busy
 
     def _local_view(self, ref: str) -> NodeView:
-        """This node as its peers see it, with :meth:`_local_load` as the load of ``ref``."""
-        view = local_view(self._scheduler, self._store, name=self.policy.name, fallback=self.policy.fallback)
+        """This node as its peers see it, with :meth:`_local_load` as the load of ``ref``; its store as
+        far as ``ref`` goes (a decision reads nothing else of it, and listing a large store is slow)."""
+        store = cast(Store, _OneModel(self._store, ref))
+        view = local_view(self._scheduler, store, name=self.policy.name, fallback=self.policy.fallback)
         load = self._local_load(ref)
         if load is None:
             return view
@@ -367,6 +370,19 @@ class Router:
     def _address(self, node: NodeView) -> HostAddress:
         assert self.peers is not None
         return next(a for a in self.peers.addresses if peer_name(a) == node.name)
+
+
+class _OneModel:
+    """A store that lists one model (or none): what :func:`.state.node_document` needs of the store for
+    a decision about that model."""
+
+    def __init__(self, store: Store, ref: str) -> None:
+        self._store = store
+        self._ref = ref
+
+    def list(self) -> list[StoredModel]:
+        found = self._store.find(parse_reference(self._ref))
+        return [] if found is None else [found]
 
 
 def _looking(intent: Intent, ref: str, nodes: list[NodeView]) -> list[NodeView]:
