@@ -176,7 +176,8 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
     """Serve until a signal arrives; returns the process exit code."""
     binary = find_llama_server(settings.llama_server, path_env=settings.environment.path)
     store = Store(settings.models)
-    node = node_memory(cap=settings.memory, reserve=settings.reserve)
+    node = node_memory(cap=settings.memory, reserve=settings.reserve,
+                       environ=settings.environment.visible_devices)
     log.info("memory for models: %s (%s, %d device(s))", format_bytes(node.capacity), node.accelerator,
              len(node.devices))
     obs = Observer.of(settings)  # request log, metrics, health (llmman.obs)

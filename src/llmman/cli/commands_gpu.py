@@ -12,7 +12,8 @@ from llmman.sched.gpu import node_memory
 def cmd_gpu_discover(args: argparse.Namespace, settings: Settings) -> int:
     """Print what discovery finds on this machine (no daemon needed) and the capacity after the
     ``[resources]`` cap and reserve. Returns 0, or 1 when nothing was found (capacity 0)."""
-    node = node_memory(cap=settings.memory, reserve=settings.reserve)
+    node = node_memory(cap=settings.memory, reserve=settings.reserve,
+                       environ=settings.environment.visible_devices)
     print(f"accelerator: {node.accelerator}")
     for d in node.devices:
         print(f"  {d.kind}{d.index}: {d.name}: total {format_size(d.total)} ({d.total} bytes), "

@@ -2,7 +2,8 @@
 
 ``PATH`` (where ``llama-server`` is searched), ``HF_ENDPOINT`` and ``HF_TOKEN_PATH``/``HF_HOME``
 (Hugging Face's endpoint and token file, as ``huggingface_hub`` reads them) and ``DOCKER_CONFIG``
-(Docker's ``config.json``, for registry credentials). They have no config-file key and no ``config list``
+(Docker's ``config.json``, for registry credentials), ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``
+(the GPUs the daemon may use). They have no config-file key and no ``config list``
 row; :func:`llmman.config.settings.load_settings` reads them from the same environment as the settings
 and hands them on as :attr:`Settings.environment`, so no other module looks at ``os.environ``.
 """
@@ -10,12 +11,13 @@ and hands them on as :attr:`Settings.environment`, so no other module looks at `
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["HF_DEFAULT_ENDPOINT", "Environment", "read_environment"]
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
+VISIBLE_DEVICES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
 @dataclass(frozen=True)
@@ -30,12 +32,15 @@ class Environment:
             ``~/.cache/huggingface/token`` (where ``huggingface_hub`` looks for it).
         docker_config: Docker's client config: ``$DOCKER_CONFIG/config.json``, else
             ``~/.docker/config.json``.
+        visible_devices: the daemon's own ``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` (those set),
+            which limit the GPUs llmman discovers (llmman.sched.gpu.discover).
     """
 
     path: str
     hf_endpoint: str
     hf_token_path: Path
     docker_config: Path
+    visible_devices: Mapping[str, str] = field(default_factory=dict)
 
 
 def home(env: Mapping[str, str]) -> Path:
@@ -63,4 +68,5 @@ def read_environment(env: Mapping[str, str]) -> Environment:
         hf_endpoint=env.get("HF_ENDPOINT", "").rstrip("/") or HF_DEFAULT_ENDPOINT,
         hf_token_path=token,
         docker_config=docker / "config.json",
+        visible_devices={k: env[k] for k in VISIBLE_DEVICES if k in env},
     )

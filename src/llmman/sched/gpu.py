@@ -14,7 +14,6 @@ Every function takes its sources as arguments so that tests replay recorded figu
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 from collections.abc import Callable, Mapping
@@ -171,11 +170,13 @@ def discover(
     sysfs: Path = Path("/sys"),
     system: str = sys.platform,
     machine: str = platform.machine(),
-    environ: Mapping[str, str] = os.environ,
+    environ: Mapping[str, str] | None = None,
 ) -> tuple[str, list[Device]]:
     """Find the accelerator and its devices: ``(accelerator, devices)``; ``("unknown", [])`` if none.
-    ``environ`` is the daemon's environment, read for the visible-devices variables (:func:`visible`)."""
+    ``environ`` holds the daemon's visible-devices variables (Settings.environment.visible_devices; see
+    :func:`visible`); None = no limit."""
     module = nvml()
+    environ = environ or {}
     cuda, hip = environ.get("CUDA_VISIBLE_DEVICES"), environ.get("HIP_VISIBLE_DEVICES")
     if module is not None and (found := visible(nvidia_devices(module), cuda)):
         return "cuda", found
@@ -190,8 +191,10 @@ def discover(
 
 
 def node_memory(
-    *, cap: int = 0, reserve: int = 0, found: tuple[str, list[Device]] | None = None
+    *, cap: int = 0, reserve: int = 0, found: tuple[str, list[Device]] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> NodeMemory:
-    """Discover (unless ``found`` is given) and apply the ``[resources]`` cap and reserve (bytes)."""
-    accelerator, devices = found if found is not None else discover()
+    """Discover (unless ``found`` is given; ``environ`` as :func:`discover` takes it) and apply the
+    ``[resources]`` cap and reserve (bytes)."""
+    accelerator, devices = found if found is not None else discover(environ=environ)
     return NodeMemory(accelerator, tuple(devices), cap=cap, reserve=reserve)
