@@ -4,13 +4,23 @@
    parses the body once into its typed request and builds a :class:`Call`: the model name, the
    :class:`~llmman.cluster.router.Intent`, and its local serving step.
 2. :func:`run` asks the router (cluster/router.py) where the request runs.
-3. Forward: the original bytes go to each target peer in turn (cluster/forward.py); one that fails
-   before its status line is marked down and the next is tried; the first that answers is streamed back
-   as it comes (api/relay.py :class:`~llmman.api.relay.PeerAnswer`).
+3. Forward: the original bytes go to each target peer in turn (cluster/forward.py). Before the first
+   byte every failure moves on to the next candidate, this node included, within the same request:
+   a peer that cannot be reached, or stays silent and does not answer its probe, is marked down
+   (:meth:`Router.failed`); one that answers 429 or any 5xx (busy, its load failed) is skipped, its answer
+   read and dropped. A 4xx other than 429 is the client's own error and goes to it. When a decision's
+   candidates are spent the router is asked again with the nodes tried (``tried``). The first answer is
+   streamed back as it comes (api/relay.py :class:`~llmman.api.relay.PeerAnswer`).
 4. Local: the model is ensured in the store (:meth:`Gateway.ensure`: copied from the peer the router
    named, or pulled; the same for every route — an unload or ``/api/show`` only looks in the store), then
    the call's serving step checks capabilities, applies defaults, opens the lease and relays the child's
-   answer through the dialect's transducer (api/relay.py :func:`~llmman.api.relay.stream_answer`).
+   answer through the dialect's transducer (api/relay.py :func:`~llmman.api.relay.stream_answer`). A load
+   that fails here (:func:`moves_on`) tries the peers too, unless the request came over a hop (the node
+   that forwarded it fails over).
+
+Every answer names the node that served it in ``x-llmman-node`` (:data:`~llmman.cluster.forward.NODE`);
+an error names the node whose error it is. When every node failed, the client gets the last failure:
+a peer's error answer (in the route's dialect) or this node's error.
 
 Errors before the first byte are raised as :class:`~llmman.errors.LlmmanError` and rendered in the
 route's dialect by api/errors.py; after it, the transducer's in-band frame ends the stream. See
@@ -19,6 +29,8 @@ docs/architecture.md.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,14 +40,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from llmman.api.cancel import unless_disconnected
+from llmman.api.errors import error_response, handle_llmman_error
 from llmman.api.relay import PeerAnswer
 from llmman.api.services import Services
-from llmman.cluster.forward import forward_headers, open_forward
-from llmman.cluster.peers import HOP
+from llmman.cluster.forward import NODE, answers_probe, forward_headers, header_value, open_forward
+from llmman.cluster.peers import HOP, PROBE_TIMEOUT_S
+from llmman.cluster.placement import LOCAL
 from llmman.cluster.router import Forward, Intent, Local, Origin, Target
 from llmman.cluster.source import SOURCE, SOURCE_DIGEST
+from llmman.errors import LlmmanError, RunnerError, ServiceUnavailable
 from llmman.gateway import ResolvedModel
-from llmman.protocol.errors import dialect_of, error_frame
+from llmman.protocol.errors import dialect_of, error_frame, upstream_text
+from llmman.protocol.openai.shapes import upstream_message
 
 log = logging.getLogger("llmman.api.inference")
 
@@ -66,24 +82,87 @@ def origin(request: Request) -> Origin:
                   client_host=request.client.host if request.client else None)
 
 
+#: The most of a refusing peer's error body read (the rest is dropped with its connection).
+REFUSAL_BODY_MAX = 64 * 1024
+
+
+def moves_on(exc: LlmmanError) -> bool:
+    """True when this node failed to serve a request before its first byte in a way another node may
+    not: the model would not load (a :class:`RunnerError`, ``insufficient_memory``) or this node cannot
+    take it now (a 503: queue full, cooling down after a failed load, shutting down). A 4xx is the
+    client's own error, and a request refused because it crashed the model before would crash the next
+    node's too."""
+    if isinstance(exc, RunnerError):
+        return True
+    if exc.code == "request_crashed_model":
+        return False
+    return exc.status == 503 or exc.code == "insufficient_memory"
+
+
+def refused(status: int) -> bool:
+    """True for a peer's answer that is its own failure, not the client's: 429, any 5xx, and 401 (it
+    does not accept our peer key; the client's key is never sent)."""
+    return status in (401, 429) or status >= 500
+
+
 async def run(request: Request, call: Call) -> Response:
-    """Serve ``call`` where the router decides: forwarded to a peer, or here.
+    """Serve ``call`` where the router decides: forwarded to a peer, or here; the answer (an error too)
+    carries ``x-llmman-node``."""
+    services: Services = request.app.state.services
+    where = origin(request)
+    if where.hop:
+        log.debug("%s %s forwarded by %r", request.method, request.url.path, request.headers.get(HOP))
+    try:
+        response = await _place(request, services, call, where)
+    except LlmmanError as exc:
+        response = await handle_llmman_error(request, exc)
+    if not isinstance(response, PeerAnswer) and NODE not in response.headers:
+        response.headers[NODE] = header_value(services.settings.node_name)
+    return response
+
+
+async def _place(request: Request, services: Services, call: Call, where: Origin) -> Response:
+    """Try the router's candidates in turn, asking it again (``tried``) when a decision is spent.
 
     Raises:
-        LlmmanError: before the first byte (e.g. ModelNotFound, BadRequest from the serving step).
+        LlmmanError: this node's error: a final one, or its load failure when nothing else answered.
     """
-    services: Services = request.app.state.services
     router = services.router
-    where = origin(request)
+    tried: set[str] = set()
+    last: Response | LlmmanError | None = None
     decision = await router.decide(call.model, call.intent, where, conversation=call.conversation)
-    while isinstance(decision, Forward):
-        for target in decision.targets:
-            answer = await _forward(request, services, target, call.model)
-            if answer is not None:
-                return answer
-        decision = decision.otherwise or await router.decide(call.model, call.intent, where, fresh=True,
-                                                             conversation=call.conversation)
-    return await call.serve(await _ensure(services, call, decision))
+    while True:
+        before = len(tried)
+        local = decision if isinstance(decision, Local) else None
+        if isinstance(decision, Forward):
+            for target in decision.targets:
+                if target.name in tried:
+                    continue
+                tried.add(target.name)
+                answer = await _forward(request, services, target, call.model)
+                if isinstance(answer, PeerAnswer):
+                    return answer
+                last = answer if answer is not None else last
+            local = decision.otherwise
+        if local is not None and LOCAL not in tried:
+            tried.add(LOCAL)
+            try:
+                return await call.serve(await _ensure(services, call, local))
+            except LlmmanError as exc:
+                if where.hop or not services.peers or not moves_on(exc):
+                    raise
+                log.info("%s for %s failed here before its first byte (%s): trying the peers",
+                         request.url.path, call.model, exc.message)
+                last = exc
+        if len(tried) == before:  # nothing new was left to try
+            break
+        decision = await router.decide(call.model, call.intent, where, fresh=True, tried=frozenset(tried),
+                                       conversation=call.conversation)
+    if isinstance(last, LlmmanError):
+        raise last
+    if last is not None:
+        return last
+    raise ServiceUnavailable(f"no node could serve {call.model}")
 
 
 async def _ensure(services: Services, call: Call, decision: Local) -> ResolvedModel:
@@ -94,26 +173,82 @@ async def _ensure(services: Services, call: Call, decision: Local) -> ResolvedMo
 
 
 async def _forward(request: Request, services: Services, target: Target, model: str) -> Response | None:
-    """``request``'s bytes sent to ``target``: its answer, or None when it failed or stayed silent for
-    ``server.load_timeout`` before answering (nothing was sent to the client)."""
-    peers, router = services.peers, services.router
+    """``request``'s bytes sent to ``target``.
+
+    Returns:
+        its answer (:class:`PeerAnswer`, streamed as it comes: a success, or a 4xx that is the client's);
+        a refusal (429, 5xx, 401: its error answer, read whole, for when nothing else answers);
+        None when it failed or stayed silent before answering (marked down). Nothing was sent to the
+        client unless it is a PeerAnswer.
+    """
+    peers, router, settings = services.peers, services.router, services.settings
     assert peers is not None
     path = request.url.path
     path_qs = path + (f"?{request.url.query}" if request.url.query else "")
     client_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
     body = await request.body()
-    opening = open_forward(peers, target.address, request.method, path_qs, body,
-                           forward_headers(client_headers, peers, target.source, target.digest),
-                           read_timeout=services.settings.load_timeout)
+    headers = forward_headers(client_headers, peers, target.source, target.digest, node=settings.node_name)
+    opening = open_forward(peers, target.address, request.method, path_qs, body, headers,
+                           read_timeout=settings.load_timeout, stall=settings.stall_timeout)
+    # Counted from the first byte sent until the relayed answer ends (H3's optimistic accounting).
+    counting = contextlib.ExitStack()
+    counting.enter_context(peers.forwarding(target.address, router.reference(model) or model))
     try:
         # A client that goes away before the peer's status line (a non-streamed answer arrives whole)
         # cancels the forward, which closes the connection and so the work on the peer (499).
         response = await unless_disconnected(request, opening)
     except (OSError, aiohttp.ClientError, TimeoutError) as exc:
-        router.failed(target, str(exc) or type(exc).__name__)
+        counting.close()
+        why = str(exc) or type(exc).__name__
+        log.info("forward of %s to %s failed before its first byte (%s): trying the next node", path,
+                 target.name, why)
+        router.failed(target, why)
         return None
-    log.debug("forwarding %s to %s", path, target.name)
+    except BaseException:
+        counting.close()
+        raise
     router.answered(model, response.status)
+    if refused(response.status):
+        with counting:
+            text = await unless_disconnected(request, _drained(response))
+        if response.status == 401:
+            router.failed(target, "it refused our peer key (401)")
+        log.info("peer %s answered %s %d before its first byte: trying the next node", target.name, path,
+                 response.status)
+        return _refusal(path, response, text, target.name)
+    log.debug("forwarding %s to %s", path, target.name)
     dialect = dialect_of(path)
     return PeerAnswer(response, lambda message: error_frame(dialect, message, 502),
-                      lambda why: router.failed(target, why), target.name)
+                      lambda why: router.failed(target, why), target.name,
+                      alive=lambda: answers_probe(peers, target.address), stall=settings.stall_timeout,
+                      finished=counting.close)
+
+
+async def _drained(response: aiohttp.ClientResponse) -> bytes:
+    """A refusing peer's error body (at most :data:`REFUSAL_BODY_MAX` bytes, within the probe timeout;
+    what did not come is dropped), its connection released."""
+    data = bytearray()
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            while len(data) < REFUSAL_BODY_MAX and (chunk := await response.content.read(REFUSAL_BODY_MAX)):
+                data += chunk
+    except (OSError, aiohttp.ClientError, TimeoutError):
+        pass
+    finally:
+        response.release()
+    return bytes(data)
+
+
+def _refusal(path: str, response: aiohttp.ClientResponse, body: bytes, name: str) -> Response:
+    """A peer's error answer as this node sends it on: an llmman peer's body is already in the route's
+    dialect and goes as it is; anything else (a proxy's page) becomes the dialect's error with its text.
+    ``Retry-After`` and the peer's ``x-llmman-node`` (else its name) are kept."""
+    if upstream_message(body) is not None:
+        answer = Response(body[:REFUSAL_BODY_MAX], status_code=response.status, media_type="application/json")
+    else:
+        answer = error_response(path, upstream_text(body), response.status)
+    retry = response.headers.get("Retry-After")
+    if retry:
+        answer.headers["Retry-After"] = retry
+    answer.headers[NODE] = response.headers.get(NODE) or header_value(name)
+    return answer

@@ -8,9 +8,12 @@ child died mid-answer) ends the stream with the transducer's in-band frame, anyt
 the same frame saying ``internal server error`` (logged, never a traceback to the client); the lease
 and the connection are released in ``finally``.
 
-:class:`PeerAnswer` streams a peer's answer back unchanged as it comes; a peer that fails or stalls
-mid-answer gets one in-band frame in the dialect of the route, and a client that goes away closes the
-upstream connection, which cancels the work on the peer.
+:class:`PeerAnswer` streams a peer's answer back unchanged as it comes, naming the node that served it
+(``x-llmman-node``: the peer's own header, else the peer's name); a gap of ``aggregation.stall_timeout``
+probes the peer (cluster/forward.py :func:`~llmman.cluster.forward.next_chunk`), and a peer that fails,
+stays silent without answering its probe, or sends nothing for ``server.load_timeout`` mid-answer gets
+one in-band frame in the dialect of the route; a client that goes away closes the upstream connection,
+which cancels the work on the peer.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from llmman.api.cancel import unless_disconnected
-from llmman.cluster.forward import RESPONSE_DROP
+from llmman.cluster.forward import NODE, RESPONSE_DROP, Alive, header_value, next_chunk
 from llmman.errors import LlmmanError
 from llmman.gateway import UpstreamExchange
 from llmman.protocol.errors import Dialect
@@ -69,15 +72,22 @@ class PeerAnswer(Response):
         response: the peer's open response (status line received).
         frame: the in-band error frame for a message, in the route's dialect.
         broke: called with why, when the peer failed or stalled after its first byte.
-        name: the peer's name, for the in-band message.
+        name: the peer's name, for the in-band message and ``x-llmman-node`` when the peer sends none.
+        alive: asks the peer whether it is still there (its probe), after ``stall`` seconds of silence.
+        stall: seconds of silence mid-answer before ``alive`` is asked; 0 = never.
+        finished: called once when the answer has ended, however it ended (the forward's accounting).
     """
 
     def __init__(self, response: aiohttp.ClientResponse, frame: Callable[[str], bytes],
-                 broke: Callable[[str], None], name: str) -> None:
+                 broke: Callable[[str], None], name: str, *, alive: Alive | None = None,
+                 stall: float = 0.0, finished: Callable[[], object] | None = None) -> None:
         self._upstream = response
         self._frame = frame
         self._broke = broke
         self._name = name
+        self._alive = alive
+        self._stall = stall if alive is not None else 0.0
+        self._finished = finished
         self.status_code = response.status
         self.background = None
 
@@ -92,22 +102,43 @@ class PeerAnswer(Response):
             await asyncio.gather(pump, watch, return_exceptions=True)
             # An answer read to its end has already given its keep-alive connection back to the pool
             # (aiohttp does at EOF), so this only closes a connection cut short, cancelling the peer's work.
-            self._upstream.close()
+            self.close()
+
+    def close(self) -> None:
+        """Release the peer's connection and end the forward's accounting (idempotent); for an answer
+        that is never sent too."""
+        self._upstream.close()
+        finished, self._finished = self._finished, None
+        if finished is not None:
+            finished()
+
+    def headers_out(self) -> list[tuple[bytes, bytes]]:
+        """The peer's headers as sent on: hop-by-hop ones dropped, ``x-llmman-node`` added when the
+        peer did not name itself."""
+        headers = [(k, v) for k, v in self._upstream.raw_headers
+                   if k.decode("latin-1").lower() not in RESPONSE_DROP]
+        if not any(k.decode("latin-1").lower() == NODE for k, _ in headers):
+            headers.append((NODE.encode(), header_value(self._name).encode("latin-1")))
+        return headers
 
     async def _pump(self, send: Send) -> None:
         upstream = self._upstream
-        headers = [(k, v) for k, v in upstream.raw_headers
-                   if k.decode("latin-1").lower() not in RESPONSE_DROP]
-        await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+        await send({"type": "http.response.start", "status": upstream.status, "headers": self.headers_out()})
+        alive = self._alive or _always
+        what = f"peer {self._name} silent mid-answer"
         try:
-            async for chunk in upstream.content.iter_any():
+            while chunk := await next_chunk(upstream.content, alive, self._stall, what=what):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            what = "stalled" if isinstance(exc, TimeoutError) else "failed"  # timeout: no byte for too long
+            what = "stalled" if isinstance(exc, TimeoutError) else "failed"  # timeout: silent too long
             self._broke(f"{what} mid-answer: {exc or type(exc).__name__}")
             frame = self._frame(f"peer {self._name} {what} mid-answer")
             await send({"type": "http.response.body", "body": frame, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+async def _always() -> bool:
+    return True
 
 
 async def _disconnected(receive: Receive) -> None:
