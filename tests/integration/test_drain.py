@@ -338,3 +338,58 @@ def test_client_leaving_a_streamed_cold_load_leaves_no_child(single: Daemon) -> 
     wait_until(lambda: not alive(child.pid), "the child of a load nobody waits for to be killed")
     wait_until(lambda: ps(single) == [], "the table to forget it")
 
+
+
+@pytest.fixture()
+def duo(tmp_path: Path) -> Iterator[Pool]:
+    """Two nodes that both store ``tiny`` and name each other: ``ay`` (the clients' front) and ``bee``."""
+    hosts = "127.0.0.43", "127.0.0.44"
+    ports = free_port(hosts[0]), free_port(hosts[1])
+    def env(name: str, peer: int) -> dict[str, str]:
+        return {"LLMMAN_NODE_NAME": name, "LLMMAN_PEERS": f"{hosts[peer]}:{ports[peer]}",
+                "LLMMAN_PEER_REFRESH": "200ms"}
+
+    back = fake_daemon(tmp_path / "bee", env("bee", 0), host=hosts[1], port=ports[1])
+    try:
+        front = fake_daemon(tmp_path / "ay", env("ay", 1), host=hosts[0], port=ports[0])
+        try:
+            yield Pool(front, back)
+        finally:
+            front.stop()
+    finally:
+        back.stop()
+
+
+def pool_state(d: Daemon, name: str) -> str:
+    """The state ``d``'s ``/llmman/pool`` gives the node named ``name``."""
+    r = httpx.get(d.url + "/llmman/pool", headers=KEY, timeout=10)
+    r.raise_for_status()
+    return next(str(n["state"]) for n in r.json()["nodes"] if n["name"] == name)
+
+
+@pytest.mark.parametrize("which", ["peer", "front"])
+def test_drain_in_a_pool_moves_the_traffic_off_the_node_and_loses_nothing(duo: Pool, which: str) -> None:
+    """Steady traffic through ``ay``, both nodes serving; draining one of them (``bee``, or ``ay`` itself,
+    which then forwards) ends with no child there while the other serves every request."""
+    front, back = duo.front, duo.back
+    for d in (front, back):  # a copy on each node
+        r = httpx.post(d.url + "/api/generate", json={"model": "tiny", "keep_alive": "5m"},
+                       headers={**KEY, **HOP}, timeout=30)
+        r.raise_for_status()
+    drained, other, name = (back, front, "bee") if which == "peer" else (front, back, "ay")
+    with Traffic(front.url) as traffic:
+        wait_until(lambda: len(traffic.answers) >= 3, "traffic running")
+        r = httpx.post(front.url + "/llmman/drain", json={"node": name}, headers=KEY, timeout=10)
+        assert r.status_code == 200 and r.json()["state"] == "draining", r.text
+        wait_until(lambda: pool_state(front, name) == "draining", "ay to see the node draining")
+        wait_until(lambda: drained.children() == [] and drain_state(front, name)["in_flight"] == 0,
+                   "the drained node to finish its requests and unload")
+        loads = drained.log_text().count("loading docker.io/ai/tiny")
+        served = len(traffic.answers)
+        wait_until(lambda: len(traffic.answers) >= served + 6, "the other node to take the traffic")
+        assert drained.children() == [] and other.children() != []
+        assert drained.log_text().count("loading docker.io/ai/tiny") == loads  # nothing placed on it
+    assert all(a == REPLY for a in traffic.answers), [a for a in traffic.answers if a != REPLY][:3]
+    assert drain_state(front, name)["loaded"] == 0
+    httpx.post(front.url + "/llmman/undrain", json={"node": name}, headers=KEY, timeout=10).raise_for_status()
+    wait_until(lambda: pool_state(front, name) == "up", "the node back in the pool")
