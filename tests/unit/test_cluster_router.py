@@ -293,6 +293,13 @@ async def test_another_copy_loads_only_after_every_copy_stayed_saturated_for_rep
     # B stores it and it fits: the new copy goes there (C has more room, but would copy it first).
     decision = await r.decide(M, Intent.INFER, Origin())
     assert decision == Forward((Target(B), Target(C, "http://*:17434", DIGEST)), Local())
+    # B now shows its copy loading, every slot taken: a third copy waits for another whole period.
+    peers.views[0] = loaded_peer(B, busy=5)
+    clock.now += 1.5
+    assert await r.decide(M, Intent.INFER, Origin()) == Forward((Target(B),), Local())  # the less busy
+    clock.now += 1
+    to_c = Target(C, "http://*:17434", DIGEST)
+    assert await r.decide(M, Intent.INFER, Origin()) == Forward((to_c, Target(B)), Local())
 
 
 async def test_spread_loaded_never_loads_another_copy() -> None:

@@ -45,6 +45,11 @@ class Saturation:
         since = self._since.setdefault(key, self._clock())
         return self._clock() - since >= after
 
+    def restart(self, ref: str) -> None:
+        """Another copy of ``ref`` was just placed: the next one waits for a whole period again, with
+        that copy among those that must stay saturated (not one per request while it loads)."""
+        self._since[ref.lower()] = self._clock()
+
 
 class LocalPending:
     """The requests placed on this node in the last :data:`PENDING_S` seconds that are still running,

@@ -265,6 +265,8 @@ class Router:
                   ", another copy due" if replica else "", {n.name: _load_text(n, ref) for n in nodes})
         if conversation is not None and policy.affinity:
             self.affinity.put(conversation, first.name)
+        if replica and not first.has_loaded(ref):
+            self._saturation.restart(ref)
         if first.is_local:
             self._pending.placed(ref, self._reported_busy(ref))
         return self._route(ref, Intent.INFER, nodes, ranked, tried)
