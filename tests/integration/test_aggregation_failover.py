@@ -2,8 +2,9 @@
 whose llama-server is the fake (fixed capacity and timing, so the shared cores are not what is measured).
 
 ``a`` (127.0.0.51, ``node-a``, ``spread = off`` so the seed's ranking picks the node under test, stall
-check 1 s) names every other node and serves only ``here`` itself (its ``lfail`` fails to load). The
-peers, each more room than ``c`` so it ranks first for what it stores:
+check 1 s, one slot and a queue of one) names every other node and serves ``here`` and ``hot`` (slow)
+itself; its ``lfail`` fails to load. The peers, each more room than ``c`` so it ranks first for what it
+stores:
 
 * ``b`` (``node-b``): ``busy``, one slot, a queue of one, a slow answer: two requests saturate it (503);
 * ``p`` (``node-p``): ``broken``, whose load fails;
@@ -24,6 +25,7 @@ completions).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -169,7 +171,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
             "FAKE_REPLY": " ".join(f"x{i}" for i in range(3000))})
         started.append(b)
         c = fake_daemon(mk("c"), hosts["c"], ports["c"], "node-c",
-                        ("busy", "broken", "lfail", "slowload", "frozen"), {})
+                        ("busy", "broken", "lfail", "hot", "slowload", "frozen"), {})
         started.append(c)
         p = fake_daemon(mk("p"), hosts["p"], ports["p"], "node-p", ("broken",), {
             **big, "FAKE_EXIT_ON_LOAD": "1"})
@@ -181,9 +183,11 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
         started.append(s)
         peers = ", ".join([*(f"{hosts[n]}:{ports[n]}" for n in "bcps"), rec.netloc])
         # a long refresh: a's background probes do not race the forward's own silence check
-        a = fake_daemon(mk("a"), hosts["a"], ports["a"], "node-a", ("here", "lfail"), {
+        a = fake_daemon(mk("a"), hosts["a"], ports["a"], "node-a", ("here", "hot", "lfail"), {
             "LLMMAN_PEERS": peers, "LLMMAN_SPREAD": "off", "LLMMAN_STALL_TIMEOUT": "1s",
-            "LLMMAN_PEER_REFRESH": "60s"}, {"lfail": {"FAKE_EXIT_ON_LOAD": "1"}})
+            "LLMMAN_PEER_REFRESH": "60s", "LLMMAN_NUM_PARALLEL": "1", "LLMMAN_MAX_QUEUE": "1"}, {
+            "lfail": {"FAKE_EXIT_ON_LOAD": "1"},
+            "hot": {"FAKE_TOKEN_DELAY": "0.2", "FAKE_REPLY": " ".join(f"h{i}" for i in range(3000))}})
         started.append(a)
         state = Pool(a, b, c, p, s, rec, gate)
         yield state
@@ -287,20 +291,27 @@ def hold(d: Daemon, model: str) -> socket.socket:
     return conn
 
 
-@pytest.fixture()
-def saturated_b(pool: Pool) -> Iterator[None]:
-    """``busy`` loaded on b with its one slot taken and its queue of one full: the next request is 503."""
-    first = hold(pool.b, "busy")
-    wait_until(lambda: node_doc(pool.b)["in_flight"] == 1, "b serving one request")
-    second = hold(pool.b, "busy")
+@contextlib.contextmanager
+def saturated(d: Daemon, model: str) -> Iterator[None]:
+    """``model`` loaded on ``d`` (one slot, a queue of one) with its slot taken and its queue full: the
+    next request for it there is 503 ``server busy``."""
+    first = hold(d, model)
+    wait_until(lambda: node_doc(d)["in_flight"] == 1, "one request being served")
+    second = hold(d, model)
     try:
-        wait_until(lambda: node_doc(pool.b)["queued"] == 1, "b queueing a second request")
+        wait_until(lambda: node_doc(d)["queued"] == 1, "a second request queueing")
         yield
     finally:
         first.close()
         second.close()
-        wait_until(lambda: node_doc(pool.b)["in_flight"] == 0 and node_doc(pool.b)["queued"] == 0,
-                   "b to drop the held requests")
+        wait_until(lambda: node_doc(d)["in_flight"] == 0 and node_doc(d)["queued"] == 0,
+                   "the held requests dropped")
+
+
+@pytest.fixture()
+def saturated_b(pool: Pool) -> Iterator[None]:
+    with saturated(pool.b, "busy"):
+        yield
 
 
 @pytest.mark.parametrize("path", DIALECTS)
@@ -353,6 +364,15 @@ def test_a_local_load_failure_moves_to_a_peer(pool: Pool) -> None:
     # a hopped request is its node's alone: a's own failure goes to the client
     hopped = send(pool.a.url, "/api/chat", "lfail", headers=HOP)
     assert hopped.status in (500, 503) and hopped.node == "node-a", hopped
+
+
+def test_a_full_local_queue_moves_to_a_peer(pool: Pool) -> None:
+    with saturated(pool.a, "hot"):
+        hopped = send(pool.a.url, "/api/chat", "hot", headers=HOP)
+        assert (hopped.status, hopped.node) == (503, "node-a"), hopped  # server busy, here
+        answer = send(pool.a.url, "/api/chat", "hot")
+        assert (answer.status, answer.node, answer.error) == (200, "node-c", None), answer
+    assert "/api/chat for hot failed here before its first byte (server busy" in pool.a.log_text()
 
 
 def test_a_peer_loading_a_model_is_waited_for_while_it_answers_its_probe(pool: Pool) -> None:
