@@ -8,6 +8,7 @@ from llmman.cluster.peers import parse_node, parse_peers
 from llmman.cluster.placement import (
     ModelLoad,
     NodeView,
+    backlogged_everywhere,
     copies,
     model_size,
     place,
@@ -15,6 +16,7 @@ from llmman.cluster.placement import (
     rank_off,
     rank_spread,
     saturated_everywhere,
+    slot_guess,
 )
 from llmman.cluster.views import merge
 from llmman.config.table import split_list
@@ -199,3 +201,12 @@ def test_rank_off(nodes: list[NodeView], expected: list[str]) -> None:
 def test_rank_spread_fails_over_to_a_fallback_with_room_before_a_primary_without() -> None:
     nodes = [bare("local", 0.5, stored=False), copy("p"), bare("f", 64, fallback=True)]
     assert [n.name for n in rank_spread(M, GB, nodes, fill=True, replica=False)] == ["p", "f", "local"]
+
+
+def test_backlogged_everywhere_wants_a_whole_round_waiting_on_every_primary_copy() -> None:
+    assert backlogged_everywhere(M, [copy("local", busy=8), copy("b", 2, busy=4)])
+    assert not backlogged_everywhere(M, [copy("local", busy=8), copy("b", 2, busy=3)])
+    assert not backlogged_everywhere(M, [bare("local")])
+    unknown = NodeView("b", 8 * GB, {M: GB}, {M: GB}, models={M: ModelLoad(0, 0, 5, loading=True)})
+    assert slot_guess(M, [copy("local", busy=8), unknown]) == 4  # b's slots taken to be local's
+    assert not backlogged_everywhere(M, [copy("local", busy=8), unknown])

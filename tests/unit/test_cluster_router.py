@@ -4,7 +4,7 @@ from, which peers a forward tries in order, and what a forwarded request's sourc
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import aiohttp
@@ -429,3 +429,25 @@ async def test_off_keeps_every_request_on_the_loaded_copy_however_busy() -> None
     r = router(FixedPeers([peer(B, 64, stored={M: 0.1}), loaded_peer(C, busy=50)]))
     decision = await r.decide(M, Intent.INFER, Origin())
     assert isinstance(decision, Forward) and decision.targets[0] == Target(C)
+
+
+async def test_a_cold_burst_spreads_a_copy_per_node_once_each_has_a_whole_round_waiting() -> None:
+    views = [peer(B, 8, stored={M: 0.1}), peer(C, 8, stored={M: 0.1})]
+    peers = FixedPeers(views)
+    r, _ = spreading(peers, stored=True, slots=4, replica_after=60)  # the period never passes here
+    served = {"local": 0, peer_name(B): 0, peer_name(C): 0}
+    for _ in range(24):  # decided at once: nothing reached any scheduler yet
+        decision = await r.decide(M, Intent.INFER, Origin())
+        name = "local" if isinstance(decision, Local) else decision.targets[0].name
+        served[name] += 1
+        if name != "local":  # the peer as this node counts it: a copy loading, its slots not known
+            i = 0 if name == peer_name(B) else 1
+            views[i] = replace(views[i], loaded={M: GB // 10},
+                               models={M: ModelLoad(0, 0, served[name], loading=True)})
+    assert served == {"local": 8, peer_name(B): 8, peer_name(C): 8}
+
+
+async def test_a_small_burst_stays_on_one_copy() -> None:
+    r, _ = spreading(FixedPeers([peer(B, 8, stored={M: 0.1})]), stored=True, slots=4, replica_after=60)
+    for _ in range(7):
+        assert await r.decide(M, Intent.INFER, Origin()) == Local()

@@ -19,6 +19,7 @@ policy fallback nodes come after the others and draining nodes last
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -157,14 +158,23 @@ SPREADS = (OFF, LOADED, REPLICAS)
 _P_SPARE, _P_LOAD, _F_SPARE, _F_LOAD, _P_BUSY, _F_BUSY, _OTHER, _DRAIN = range(8)
 
 
-def usable_copy(node: NodeView, ref: str) -> ModelLoad | None:
+def slot_guess(ref: str, nodes: Sequence[NodeView]) -> int:
+    """The slots to assume for a copy of ``ref`` whose node does not say (a copy a forward is making a
+    peer load, counted before the peer reports it, or an older node): the most any copy reports, as the
+    nodes of a pool usually run alike; 0 when none reports any."""
+    return max((load.slots for n in nodes if (load := n.load_of(ref)) is not None), default=0)
+
+
+def usable_copy(node: NodeView, ref: str, slots: int = 0) -> ModelLoad | None:
     """The copy of ``ref`` on ``node`` that may take a new request, or None: not loaded there, the node
-    is draining, or the copy is (being stopped). A node that publishes no load (an older one) counts as
-    one free slot."""
+    is draining, or the copy is (being stopped). A copy whose slots are unknown gets ``slots``
+    (:func:`slot_guess`); still unknown, it counts as one slot."""
     if node.draining or not node.has_loaded(ref):
         return None
     load = node.load_of(ref) or ModelLoad()
-    return None if load.draining else load
+    if load.draining:
+        return None
+    return dataclasses.replace(load, slots=slots) if not load.slots and slots else load
 
 
 def copies(ref: str, nodes: Sequence[NodeView]) -> int:
@@ -172,12 +182,25 @@ def copies(ref: str, nodes: Sequence[NodeView]) -> int:
     return sum(1 for n in nodes if usable_copy(n, ref) is not None)
 
 
+def _primary_loads(ref: str, nodes: Sequence[NodeView]) -> list[ModelLoad]:
+    guess = slot_guess(ref, nodes)
+    return [load for n in nodes if not n.fallback and (load := usable_copy(n, ref, guess)) is not None]
+
+
 def saturated_everywhere(ref: str, nodes: Sequence[NodeView]) -> bool:
     """True when ``ref`` has at least one copy on a primary (non-fallback) node and every such copy is
     saturated (all slots busy and requests waiting): the condition that, held for
     ``aggregation.replica_after``, lets another copy load."""
-    loads = [load for n in nodes if not n.fallback and (load := usable_copy(n, ref)) is not None]
+    loads = _primary_loads(ref, nodes)
     return bool(loads) and all(load.saturated for load in loads)
+
+
+def backlogged_everywhere(ref: str, nodes: Sequence[NodeView]) -> bool:
+    """True when ``ref`` has at least one copy on a primary node and every such copy has a whole round
+    waiting (as many requests queued beyond its busy slots as it has slots): a burst that size would wait
+    a whole generation or more, so another copy is due at once rather than after ``replica_after``."""
+    loads = _primary_loads(ref, nodes)
+    return bool(loads) and all(load.busy >= 2 * (load.slots or 1) for load in loads)
 
 
 def _draining_here(node: NodeView, ref: str) -> bool:
@@ -232,6 +255,7 @@ def rank_spread(ref: str, size: int, nodes: Sequence[NodeView], *, fill: bool,
         fill: fill copies in a stable order (``replicas``) rather than by most spare (``loaded``).
         replica: another copy may load now (every primary copy saturated long enough, under the limit).
     """
+    guess = slot_guess(ref, nodes)
     primary_copy = any(not n.fallback and usable_copy(n, ref) is not None for n in nodes)
     load_allowed = replica or not primary_copy
 
@@ -241,7 +265,7 @@ def rank_spread(ref: str, size: int, nodes: Sequence[NodeView], *, fill: bool,
         fb = 1 if node.fallback else 0
         if _draining_here(node, ref):
             return (_DRAIN, fb, *_seed_key(ref, size, position, node))
-        load = usable_copy(node, ref)
+        load = usable_copy(node, ref, guess)
         if load is not None and load.spare:
             order = (here,) if fill or node.is_local else (-load.spare, here)
             return (_F_SPARE if fb else _P_SPARE, 0 if node.is_local else 1, *order)

@@ -45,6 +45,12 @@ class Saturation:
         since = self._since.setdefault(key, self._clock())
         return self._clock() - since >= after
 
+    def held(self, ref: str, after: float) -> bool:
+        """What :meth:`observe` last concluded for a saturated ``ref``, without recording anything (a
+        decision made again for a request whose first choice failed sees only part of the pool)."""
+        since = self._since.get(ref.lower())
+        return since is not None and self._clock() - since >= after
+
     def restart(self, ref: str) -> None:
         """Another copy of ``ref`` was just placed: the next one waits for a whole period again, with
         that copy among those that must stay saturated (not one per request while it loads)."""

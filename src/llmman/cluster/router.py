@@ -44,11 +44,13 @@ from llmman.cluster.placement import (
     REPLICAS,
     ModelLoad,
     NodeView,
+    backlogged_everywhere,
     copies,
     model_size,
     rank_off,
     rank_spread,
     saturated_everywhere,
+    slot_guess,
     usable_copy,
 )
 from llmman.cluster.replicas import LocalPending, Saturation
@@ -134,6 +136,8 @@ class Policy:
         affinity: send a conversation's next turns where its last one went.
         affinity_ttl: seconds a conversation is remembered after its last turn (``server.keep_alive``).
         name: this node's name (``node.name``); fallback: this node is fallback-only (``node.fallback``).
+        slots: the slots of a copy this node loads (``server.num_parallel``), for the requests placed on
+            it before the scheduler shows it; 0 = unknown.
     """
 
     spread: str = REPLICAS
@@ -143,12 +147,13 @@ class Policy:
     affinity_ttl: float = 300.0
     name: str = ""
     fallback: bool = False
+    slots: int = 0
 
     @classmethod
     def of(cls, settings: Settings) -> Policy:
         """The policy the settings configure."""
         return cls(settings.spread, settings.max_replicas, settings.replica_after, settings.affinity,
-                   settings.keep_alive, settings.node_name, settings.fallback)
+                   settings.keep_alive, settings.node_name, settings.fallback, settings.num_parallel)
 
 
 class Router:
@@ -252,16 +257,18 @@ class Router:
             self._saturation.observe(ref, False, policy.replica_after)  # a copy with room: not saturated
             return self._here(ref, conversation)
         nodes = [self._local_view(ref), *await peers.current()]
-        due = self._saturation.observe(ref, saturated_everywhere(ref, nodes), policy.replica_after)
-        replica = policy.spread == REPLICAS and due \
-            and (policy.max_replicas <= 0 or copies(ref, nodes) < policy.max_replicas)
-        ranked = _affine_first(ref, affine, rank_spread(ref, model_size(ref, nodes), nodes,
-                                                        fill=policy.spread == REPLICAS, replica=replica))
-        first = next((n for n in ranked if n.name not in tried), None)
-        if first is None:
+        live = [n for n in nodes if n.name not in tried]  # a node tried for this request weighs nothing
+        if not live:
             return Local()
-        log.debug("placement of %s: %s (spread %s%s; load: %s)", ref,
-                  [n.name for n in ranked if n.name not in tried], policy.spread,
+        saturated = saturated_everywhere(ref, live)
+        timed = self._saturation.held(ref, policy.replica_after) and saturated if tried \
+            else self._saturation.observe(ref, saturated, policy.replica_after)
+        replica = policy.spread == REPLICAS and (timed or backlogged_everywhere(ref, live)) \
+            and (policy.max_replicas <= 0 or copies(ref, nodes) < policy.max_replicas)
+        ranked = _affine_first(ref, affine, rank_spread(ref, model_size(ref, nodes), live,
+                                                        fill=policy.spread == REPLICAS, replica=replica))
+        first = ranked[0]
+        log.debug("placement of %s: %s (spread %s%s; load: %s)", ref, [n.name for n in ranked], policy.spread,
                   ", another copy due" if replica else "", {n.name: _load_text(n, ref) for n in nodes})
         if conversation is not None and policy.affinity:
             self.affinity.put(conversation, first.name)
@@ -300,11 +307,14 @@ class Router:
 
     def _local_load(self, ref: str) -> ModelLoad | None:
         """How busy this node's copy of ``ref`` is, the placements the scheduler does not show yet
-        included (:class:`.replicas.LocalPending`; none under ``spread = off``); None when not loaded."""
+        included (:class:`.replicas.LocalPending`; none under ``spread = off``): placements for a model
+        the scheduler does not show at all are a copy loading, with ``Policy.slots``. None: no copy."""
         load = _load_in(model_loads(self._scheduler.snapshot()), ref)
-        if load is None or self.policy.spread == OFF:
+        if self.policy.spread == OFF:
             return load
-        busy = self._pending.busy(ref, load.busy)
+        busy = self._pending.busy(ref, 0 if load is None else load.busy)
+        if load is None:
+            return ModelLoad(self.policy.slots, 0, busy, loading=True) if busy else None
         if busy == load.busy:
             return load
         served = load.in_flight if load.loading else min(busy, load.slots or 1)
@@ -325,7 +335,10 @@ class Router:
             return view
         models = {r: m for r, m in view.models.items() if r.lower() != ref.lower()}
         models[ref] = load
-        return replace(view, models=models)
+        if view.has_loaded(ref):
+            return replace(view, models=models)
+        # A copy the placements made here are loading: its weights count as taken, as a peer's would.
+        return replace(view, models=models, loaded={**view.loaded, ref: model_size(ref, [view])})
 
     def failed(self, target: Target, why: str) -> None:
         """``target`` failed before answering: it is left out until it answers a probe again."""
@@ -402,7 +415,8 @@ def _affine_first(ref: str, affine: str | None, ranked: list[NodeView]) -> list[
     node = next((n for n in ranked if n.name == affine), None) if affine is not None else None
     if node is None or node is ranked[0]:
         return ranked
-    load, best = usable_copy(node, ref), usable_copy(ranked[0], ref)
+    guess = slot_guess(ref, ranked)
+    load, best = usable_copy(node, ref, guess), usable_copy(ranked[0], ref, guess)
     if load is None or (node.fallback and not ranked[0].fallback):
         return ranked
     if not load.spare and (load.saturated or (best is not None and best.spare)):
