@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -119,6 +120,7 @@ class Peer:
     status: int = 200
     hits: int = 0
     gate: asyncio.Event = field(default_factory=asyncio.Event)
+    runner: web.AppRunner | None = None
 
     @property
     def name(self) -> str:
@@ -126,10 +128,10 @@ class Peer:
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[], Awaitable[Peer]]]:
+async def serve() -> AsyncIterator[Callable[..., Awaitable[Peer]]]:
     runners: list[web.AppRunner] = []
 
-    async def start() -> Peer:
+    async def start(port: int = 0) -> Peer:
         state = Peer()
         state.gate.set()
 
@@ -143,7 +145,8 @@ async def serve() -> AsyncIterator[Callable[[], Awaitable[Peer]]]:
         runner = web.AppRunner(app)
         await runner.setup()
         runners.append(runner)
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        state.runner = runner
+        await web.TCPSite(runner, "127.0.0.1", port).start()
         state.address = HostAddress("http", "127.0.0.1", runner.addresses[0][1])
         return state
 
@@ -354,4 +357,50 @@ async def test_states_say_how_long_ago_each_peer_was_seen(serve: Callable[[], Aw
     seen, gone = peers.states()
     assert seen.age == 2.5 and seen.seen is not None and seen.seen.view.has_loaded(REF)
     assert gone.seen is None and gone.down  # refused: down, with the reason
+    await peers.close()
+
+
+def unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_a_peer_not_up_yet_is_asked_by_each_decision_until_it_answers(
+        serve: Callable[..., Awaitable[Peer]], session: aiohttp.ClientSession) -> None:
+    b, port = await serve(), unused_port()
+    later = HostAddress("http", "127.0.0.1", port)
+    clock = Clock()
+    peers = Peers(session, (b.address, later), refresh=1.0, clock=clock, retry=60, rng=Fixed(0.5),
+                  sleep=Steps())
+    peers.start()
+    try:
+        await until(lambda: peers.states()[0].seen is not None and peers.states()[1].down is not None,
+                    "the first fetches")
+        assert peers.up() == [b.address, later]  # refused before it ever answered: not down
+        rounds = peers.probe_rounds
+        assert [v.name for v in await peers.current()] == [b.name]  # b is fresh, yet the round is made
+        assert [v.name for v in await peers.current()] == [b.name]
+        assert peers.probe_rounds == rounds + 2
+        assert peers.states()[1].down  # shown down (with the refusal) meanwhile
+        await serve(port)  # it starts listening: the next decision finds it
+        assert sorted(v.name for v in await peers.current()) == sorted([b.name, peer_name(later)])
+        assert peers.states()[1].down is None
+        await peers.current()
+        assert peers.probe_rounds == rounds + 3  # a peer like the others now: fresh views, no round
+    finally:
+        await peers.close()
+
+
+async def test_a_peer_seen_once_that_then_refuses_is_down(serve: Callable[..., Awaitable[Peer]],
+                                                         session: aiohttp.ClientSession) -> None:
+    b = await serve()
+    peers = Peers(session, (b.address,), refresh=1.0, retry=60)
+    assert [v.name for v in await peers.probe()] == [b.name]
+    assert b.runner is not None
+    await b.runner.cleanup()  # it stops listening: refused now, after it was seen
+    assert await peers.probe() == []
+    assert peers.up() == [] and peers.states()[0].down
+    rounds = peers.probe_rounds
+    assert await peers.current() == [] and peers.probe_rounds == rounds  # costs nothing more
     await peers.close()

@@ -16,6 +16,12 @@ of that decision and remembered as down: later decisions skip it without waiting
 leaves it alone, and one background task re-probes the down peers every :data:`RETRY_S` seconds and
 takes each back (with a fresh sighting) as soon as it answers.
 
+**Peers not up yet.** One exception: a peer that has never answered and *refuses* the connection (its
+host answered at once: nothing listens there yet, as when a pool's nodes start together) is not marked
+down but *waiting*: it stays in every probe round and keeps the views from counting as fresh, so each
+decision asks it again (a refusal costs no wait) and the first one after it starts listening sees it.
+Once it has answered, it is a peer like the others.
+
 **Shared fetches.** A fetch of one peer already in flight (its refresh, or another request's probe) is
 joined rather than repeated, and calls of :meth:`Peers.probe` made while one round is in flight share its
 answer: a burst costs each peer one request, and a failing peer is logged and marked down once.
@@ -56,6 +62,13 @@ HOP = "x-llmman-hop"
 JITTER = 0.2  # each refresh wait is the interval ±20 %
 STALE_AFTER = 3.0  # background views older than this many refresh intervals are not used
 _FAILURES = (OSError, aiohttp.ClientError, TimeoutError, ValueError)
+
+
+def refused(exc: BaseException) -> bool:
+    """True when ``exc`` is a refused connection (the host answered at once that nothing listens)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return isinstance(exc.os_error, ConnectionRefusedError)
+    return isinstance(exc, ConnectionRefusedError)
 
 
 def parse_peers(entries: Iterable[str], own: HostAddress | None = None) -> tuple[HostAddress, ...]:
@@ -171,6 +184,7 @@ class Peers:
         self._rng = rng or random.Random()
         self._sleep = sleep
         self._down: dict[str, str] = {}  # peer name -> why
+        self._waiting: dict[str, str] = {}  # never answered and refused: asked by every decision
         self._retry_task: asyncio.Task[None] | None = None
         self._probing: asyncio.Future[list[NodeView]] | None = None
         self._probe_mark = 0  # the forward counter when the round in flight started
@@ -239,6 +253,8 @@ class Peers:
         view = parse_node(name, address.client_url(), doc)
         if view is None:
             raise ValueError("not a node document")
+        if self._waiting.pop(name, None) is not None:
+            log.info("peer %s is up", name)
         version = doc.get("version") if isinstance(doc, dict) else None
         self._seen[name] = Sighting(view, version if isinstance(version, str) else "", at, mark)
         return view
@@ -250,8 +266,22 @@ class Peers:
         except _FAILURES as exc:
             why = str(exc) or type(exc).__name__
             log.debug("placement: skipping peer %s: %s", peer_name(address), why)
-            self.mark_down(address, why)
+            self.failed(address, exc)
             return None
+
+    def failed(self, address: HostAddress, exc: BaseException) -> None:
+        """``address`` failed a request with ``exc``: waiting when it has never answered and refused the
+        connection, else down (:meth:`mark_down`)."""
+        name = peer_name(address)
+        why = str(exc) or type(exc).__name__
+        if refused(exc) and name not in self._seen and name not in self._down:
+            if name not in self._waiting:
+                log.info("peer %s is not up yet (%s): asked again by each decision until it answers",
+                         name, why)
+            self._waiting[name] = why
+            return
+        self._waiting.pop(name, None)
+        self.mark_down(address, why)
 
     async def _probe_one(self, address: HostAddress) -> NodeView | None:
         """The peer's state now, joining a fetch of it already in flight."""
@@ -291,8 +321,8 @@ class Peers:
 
     def _fresh(self) -> list[Sighting] | None:
         """The sightings of every up peer when each is at most STALE_AFTER refresh intervals old, else
-        None (also when the background refresh is off)."""
-        if self.refresh <= 0:
+        None (also when the background refresh is off, or a peer is not up yet)."""
+        if self.refresh <= 0 or self._waiting:
             return None
         now, limit = self.clock(), STALE_AFTER * self.refresh
         out = []
@@ -350,7 +380,7 @@ class Peers:
             try:
                 return address, await self.get_json(address, path)
             except _FAILURES as exc:
-                self.mark_down(address, str(exc) or type(exc).__name__)
+                self.failed(address, exc)
                 return None
 
         found = await asyncio.gather(*(one(a) for a in self.up()))
@@ -365,7 +395,7 @@ class Peers:
             seen = self._seen.get(name)
             forwarded = sum(len(s) for (peer, _), s in self._forwarding.items() if peer == name)
             out.append(PeerState(address, seen, None if seen is None else max(0.0, now - seen.at),
-                                 self._down.get(name), forwarded))
+                                 self._down.get(name, self._waiting.get(name)), forwarded))
         return out
 
     def start(self) -> None:
