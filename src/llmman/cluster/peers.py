@@ -196,7 +196,6 @@ class Peers:
         self._fetching: dict[str, asyncio.Task[NodeView | None]] = {}  # peer name -> fetch in flight
         self._watchers: list[asyncio.Task[None]] = []
         self.probe_rounds = 0  # synchronous probe rounds made (LLMMAN_DEBUG logs each)
-        self.fetches = 0  # fetches of one peer's state, any cause
 
     def __bool__(self) -> bool:
         return bool(self.addresses)
@@ -248,7 +247,6 @@ class Peers:
         """
         name = peer_name(address)
         at, mark = self.clock(), self._next_mark()
-        self.fetches += 1
         doc = await self.get_json(address, "/llmman/node")
         view = parse_node(name, address.client_url(), doc)
         if view is None:
@@ -260,7 +258,7 @@ class Peers:
         return view
 
     async def _fetch_one(self, address: HostAddress) -> NodeView | None:
-        """One fetch of an up peer; a failure is logged and marks it down."""
+        """One fetch of an up peer; a failure is logged and handled by :meth:`failed`."""
         try:
             return await self._read(address)
         except _FAILURES as exc:
