@@ -83,13 +83,15 @@ class FixedPeers(Peers):
         super().__init__(cast(aiohttp.ClientSession, None), addresses, api_key="peer-key")
         self.views = views
         self.probes = 0
+        self.asked_now = 0  # decisions that wanted a probe round whatever the background views' age
         self.marked: list[str] = []
 
     async def probe(self) -> list[NodeView]:
         self.probes += 1
         return [v for v in self.views if v.name not in self.marked]
 
-    async def current(self) -> list[NodeView]:
+    async def current(self, *, probe: bool = False) -> list[NodeView]:
+        self.asked_now += probe
         return await self.probe()
 
     def mark_down(self, address: HostAddress, why: str) -> None:
@@ -451,3 +453,15 @@ async def test_a_small_burst_stays_on_one_copy() -> None:
     r, _ = spreading(FixedPeers([peer(B, 8, stored={M: 0.1})]), stored=True, slots=4, replica_after=60)
     for _ in range(7):
         assert await r.decide(M, Intent.INFER, Origin()) == Local()
+
+
+async def test_an_unload_and_a_decision_made_afresh_ask_the_peers_now() -> None:
+    peers = FixedPeers([loaded_peer(B, busy=1)])
+    r, _ = spreading(peers, busy=4)
+    await r.decide(M, Intent.INFER, Origin())
+    await r.decide(M, Intent.SHOW, Origin())
+    assert peers.asked_now == 0
+    await r.decide(M, Intent.INFER, Origin(), fresh=True)
+    await r.decide("docker.io/ai/other:1", Intent.UNLOAD, Origin())
+    await router(peers).decide(M, Intent.INFER, Origin(), fresh=True)
+    assert peers.asked_now == 3

@@ -194,7 +194,8 @@ class Router:
         """Where the request for model ``name`` runs.
 
         Args:
-            fresh: skip the recent-loaded memory.
+            fresh: skip the recent-loaded memory and the background views: ask the peers now (a
+                decision made again after every target failed).
             tried: nodes already tried for this request (``local`` and peer names): left out; when
                 nothing else is left the answer is :class:`Local` (the caller knows local was tried).
             conversation: the request's conversation key (:mod:`llmman.protocol.conversation`), for
@@ -214,13 +215,14 @@ class Router:
             if LOCAL not in tried and self._loaded_here(ref):
                 return Local()
             peers.recent.forget(ref)
-            nodes = [self._local_view(ref), *await peers.current()]
+            # Where a model is loaded changes from one moment to the next: an unload asks the peers now.
+            nodes = [self._local_view(ref), *await peers.current(probe=intent is Intent.UNLOAD or fresh)]
             candidates = _looking(intent, ref, nodes)
             _log_seed(ref, candidates, nodes, tried)
             return self._route(ref, intent, nodes, candidates, tried)
         if self.policy.spread == OFF:
             return await self._seed(ref, fresh, tried)
-        return await self._spread(ref, tried, conversation)
+        return await self._spread(ref, fresh, tried, conversation)
 
     async def _seed(self, ref: str, fresh: bool, tried: frozenset[str]) -> Decision:
         """``spread = off``: loaded here is served here, a peer seen with it loaded is tried without a
@@ -235,7 +237,7 @@ class Router:
             log.debug("placement of %s: %s (loaded there, probed %.1f s ago)", ref, peer_name(seen[0]),
                       seen[1])
             return Forward((Target(seen[0]),), otherwise=None)
-        nodes = [self._local_view(ref), *await peers.current()]
+        nodes = [self._local_view(ref), *await peers.current(probe=fresh)]
         ranked = rank_off(ref, model_size(ref, nodes), nodes)
         _log_seed(ref, ranked, nodes, tried)
         decision = self._route(ref, Intent.INFER, nodes, ranked, tried)
@@ -244,7 +246,8 @@ class Router:
             peers.recent.put(ref, self._address(first))
         return decision
 
-    async def _spread(self, ref: str, tried: frozenset[str], conversation: str | None) -> Decision:
+    async def _spread(self, ref: str, fresh: bool, tried: frozenset[str],
+                      conversation: str | None) -> Decision:
         """``spread = loaded`` or ``replicas``: a spare slot here (and no conversation elsewhere) is
         served here without looking at the peers, else :func:`.placement.rank_spread` over every
         node, a conversation's node first while its copy is not saturated."""
@@ -256,7 +259,7 @@ class Router:
                 and not self._scheduler.draining and here is not None and not here.draining and here.spare:
             self._saturation.observe(ref, False, policy.replica_after)  # a copy with room: not saturated
             return self._here(ref, conversation)
-        nodes = [self._local_view(ref), *await peers.current()]
+        nodes = [self._local_view(ref), *await peers.current(probe=fresh)]
         live = [n for n in nodes if n.name not in tried]  # a node tried for this request weighs nothing
         if not live:
             return Local()
