@@ -1,6 +1,6 @@
 """Benchmark: does a pool of llmman nodes serve as one bigger server? (issue 11's proof)
 
-Usage: ``.venv/bin/python bench/bench_pool.py [--quick] [--rounds N] [--tokens T] [--json OUT]``
+Usage: ``.venv/bin/python bench/bench_pool.py [--quick] [--rounds N] [--seconds S] [--json OUT]``
 (``make bench-pool``). No model and no llama-server are needed: every node's llama-server is the fake
 one (tests/fakes/fake_llama_server.py) with a fixed capacity, so what is measured is where llmman sends
 the work, not how fast two shared cores decode.
@@ -12,15 +12,20 @@ and port, ``tests/integration/daemons.py``):
    (``tests/unit/ggufgen.py``) and naming all the others as peers; each node's llama-server is the fake
    with ``LLMMAN_NUM_PARALLEL=4`` slots, held to them (``FAKE_SLOTS=1``: a fifth stream waits for a slot,
    as with llama-server) at 20 tokens/s per stream (``FAKE_TOKEN_DELAY=0.05``), so one node serves at
-   most 80 tokens/s. A round sends ``STREAMS`` (24) concurrent OpenAI streams, each with
-   its own prompt and ``max_tokens`` ``--tokens``, all to node 1; tokens/s is the round's tokens over
-   its wall time, TTFT the time from sending to the first content chunk. Every pool runs a warm-up round
-   (printed and kept in the JSON, left out of the figures: it loads the model and, under the default
-   policy, lets replicas appear) and then ``--rounds`` measured rounds. The pools with 2 and 3 nodes run
-   with ``LLMMAN_SPREAD=off`` and with the default policy (nothing set), in the same run; the 1-node
-   baseline has no peers, so no policy applies to it. Reported: tokens/s, its ratio to the baseline
-   (median over rounds), TTFT p50/p95 over every measured stream, and which node's fake served how many
-   streams in each round (the fakes' ``/fake/stats`` ``started`` counters).
+   most 80 tokens/s. A round: ``STREAMS`` (24) workers each send OpenAI streams to node 1 back to back
+   (each with its own prompt, ``max_tokens`` ``--tokens``: 20 tokens, one second of a slot) for
+   ``--seconds``; the streams still running then are read to their end. Tokens/s is the content chunks
+   (one per token) that arrived from ``RAMP_S`` to ``--seconds`` into the round over that window: the
+   rate while 24 clients keep the pool busy, not blurred by the drain of the queues at the end (which
+   would count one node's 20 queued streams against it). TTFT is from sending a stream to its first
+   content chunk, over every stream. Every pool runs a warm-up round (printed and kept in the JSON, left
+   out of the figures: it loads the model and, under the default policy, lets replicas appear) and then
+   ``--rounds`` measured rounds. The pools with 2 and 3 nodes run with ``LLMMAN_SPREAD=off`` and with the
+   default policy (nothing set), in the same run; the 1-node baseline has no peers, so no policy applies
+   to it. Reported: tokens/s, its ratio to the baseline (median over rounds), TTFT p50/p95, the median
+   decode time of a stream (first token to end: 1 s when the CPUs keep up with the fakes), which node's
+   fakes served how many streams (their ``/fake/stats`` ``started`` counters), and every node's
+   ``/llmman/node`` in-flight and queued counts half-way through the round.
 2. **Cold placement.** Eight live peers (real daemons on 127.0.0.3-.10, each storing the model, none
    loaded) and a front node built in this process exactly as the daemon builds it (settings, peers,
    scheduler, store, gateway, ``Services``), storing nothing. Timed: ``Router.decide`` for the model
@@ -87,7 +92,7 @@ PEER_COUNTS = (1, 3, 8)
 REPLY = " ".join(f"w{i}" for i in range(100))  # 100 tokens; max_tokens cuts each stream shorter
 TARGETS = {2: 1.8, 3: 2.7}  # default policy, ratio to one node (issue 11)
 TARGET_PLACEMENT_MS = 20.0
-SAMPLE_AFTER_S = 1.0  # when each node's in-flight and queued counts are read during a round
+RAMP_S = 0.5  # the start of a round, left out of its tokens/s (the first requests being placed)
 
 
 def host(i: int) -> str:
@@ -190,22 +195,39 @@ def served_between(before: dict[str, dict[int, int]], after: dict[str, dict[int,
             for node, pids in after.items()}
 
 
-@dataclass
-class PoolRound:
-    """One round: aggregate tokens/s, every stream's TTFT, and who served the streams."""
+@dataclass(frozen=True)
+class Load:
+    """What a round sends: STREAMS workers each streaming ``tokens``-token answers back to back for
+    ``seconds``; the tokens that arrive between RAMP_S and ``seconds`` make its tokens/s."""
 
     tokens: int
+    seconds: float
+
+    @property
+    def window(self) -> float:
+        """Seconds of the round over which tokens are counted."""
+        return self.seconds - RAMP_S
+
+
+@dataclass
+class PoolRound:
+    """One round: tokens/s in its window, every stream's TTFT and decode time, and who served them."""
+
+    window_tokens: int  # content chunks (one per token from the fake) that arrived in the window
+    window: float
+    tokens: int  # every token of the round, the drain after the window included
     wall: float
     ttft_ms: list[float]
+    decode_ms: list[float]  # per stream: from its first content chunk to its end
     errors: int
     served: dict[str, int]
     copies: dict[str, int]  # node -> llama-server children (loaded copies) at the round's end
-    busy: dict[str, dict[str, int]]  # node -> its /llmman/node in_flight and queued, SAMPLE_AFTER_S in
+    busy: dict[str, dict[str, int]]  # node -> its /llmman/node in_flight and queued mid-window
 
     @property
     def tps(self) -> float:
-        """The round's tokens over its wall time."""
-        return self.tokens / self.wall if self.wall > 0 else 0.0
+        """Tokens per second in the window (all workers busy sending)."""
+        return self.window_tokens / self.window if self.window > 0 else 0.0
 
     def line(self) -> str:
         """A one-line account of the round."""
@@ -214,7 +236,7 @@ class PoolRound:
         busy = ", ".join(f"{n} {b['in_flight']}+{b['queued']}q" for n, b in self.busy.items())
         return (f"{self.tps:7.1f} tok/s  TTFT p50 {percentile(self.ttft_ms, 0.5):7.1f} ms "
                 f"p95 {percentile(self.ttft_ms, 0.95):7.1f} ms  served: {served}  "
-                f"in flight+queued at {SAMPLE_AFTER_S:g} s: {busy}"
+                f"in flight+queued mid-round: {busy}"
                 f"{f'  errors {self.errors}' if self.errors else ''}")
 
 
@@ -241,21 +263,25 @@ class Cell:
             "ratio": statistics.median(ratios) if ratios else 0.0,
             "ratio_min": min(ratios, default=0.0), "ratio_max": max(ratios, default=0.0),
             "ttft_p50_ms": percentile(ttfts, 0.5), "ttft_p95_ms": percentile(ttfts, 0.95),
+            "decode_p50_ms": percentile([d for r in self.rounds for d in r.decode_ms], 0.5),
             "errors": sum(r.errors for r in self.rounds),
-            "served_per_round": [r.served for r in self.rounds],
-            "copies_per_round": [r.copies for r in self.rounds],
-            "busy_per_round": [r.busy for r in self.rounds],
-            "warmup": None if self.warmup is None else {
-                "tps": self.warmup.tps, "ttft_p50_ms": percentile(self.warmup.ttft_ms, 0.5),
-                "ttft_p95_ms": percentile(self.warmup.ttft_ms, 0.95), "errors": self.warmup.errors,
-                "served": self.warmup.served, "copies": self.warmup.copies, "busy": self.warmup.busy},
+            "per_round": [round_doc(r) for r in self.rounds],
+            "warmup": None if self.warmup is None else round_doc(self.warmup),
         }
+
+
+def round_doc(r: PoolRound) -> dict[str, Any]:
+    """One round for the JSON."""
+    return {"tps": r.tps, "window_tokens": r.window_tokens, "window_s": r.window, "tokens": r.tokens,
+            "wall_s": r.wall, "streams": len(r.ttft_ms), "ttft_p50_ms": percentile(r.ttft_ms, 0.5),
+            "ttft_p95_ms": percentile(r.ttft_ms, 0.95), "decode_p50_ms": percentile(r.decode_ms, 0.5),
+            "errors": r.errors, "served": r.served, "copies": r.copies, "busy_mid_round": r.busy}
 
 
 async def busy_after(session: aiohttp.ClientSession, daemons: Sequence[Daemon],
                      delay: float) -> dict[str, dict[str, int]]:
     """Each node's ``/llmman/node`` ``in_flight`` and ``queued`` ``delay`` seconds into a round (where
-    the burst went); a node that does not answer is left out."""
+    the work is); a node that does not answer is left out."""
     await asyncio.sleep(delay)  # a sampling point of the measurement, not a synchronisation
 
     async def one(d: Daemon) -> tuple[str, dict[str, int]] | None:
@@ -270,37 +296,93 @@ async def busy_after(session: aiohttp.ClientSession, daemons: Sequence[Daemon],
     return dict(f for f in found if f is not None)
 
 
+@dataclass(frozen=True)
+class Streamed:
+    """One stream: seconds to its first content chunk, from there to its end, and its content chunks."""
+
+    ttft: float
+    decode: float
+    tokens: int
+
+
+async def timed_stream(session: aiohttp.ClientSession, url: str, body: bytes,
+                       stamps: list[float]) -> Streamed:
+    """POST one OpenAI stream and read it to its end, appending the arrival time of every content chunk
+    to ``stamps``.
+
+    Raises:
+        BenchError: a non-200 status, an error in the stream, or a stream with no content.
+    """
+    start = time.perf_counter()
+    first: float | None = None
+    count = 0
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+        if resp.status != 200:
+            raise BenchError(f"HTTP {resp.status}: {(await resp.read())[:300]!r}")
+        async for line in resp.content:
+            payload = line[5:].strip() if line.startswith(b"data:") else b""
+            if not payload or payload == b"[DONE]":
+                continue
+            chunk = orjson.loads(payload)
+            if "error" in chunk:
+                raise BenchError(f"error in stream: {payload[:300]!r}")
+            choices = chunk.get("choices") or []
+            if choices and (choices[0].get("delta") or {}).get("content"):
+                now = time.perf_counter()
+                stamps.append(now)
+                count += 1
+                first = now if first is None else first
+    if first is None:
+        raise BenchError("the stream carried no content")
+    return Streamed(first - start, time.perf_counter() - first, count)
+
+
 async def pool_round(session: aiohttp.ClientSession, daemons: Sequence[Daemon], tag: str,
-                     tokens: int) -> PoolRound:
-    """STREAMS concurrent streams to node 1, each with its own prompt; fakes' counters read around it."""
+                     load: Load) -> PoolRound:
+    """STREAMS workers streaming to node 1 back to back, each stream with its own prompt, until
+    ``load.seconds`` have passed (the streams then running are read to their end); the fakes' counters
+    are read around the round and every node's load mid-round."""
     url = daemons[0].url + "/v1/chat/completions"
-    targets = [Target("pool", url, chat_body(f"Stream {i} of round {tag}: tell me a story.", tokens), "sse")
-               for i in range(STREAMS)]
+    stamps: list[float] = []
+
+    async def worker(w: int) -> list[Streamed | BaseException]:
+        out: list[Streamed | BaseException] = []
+        k = 0
+        while time.perf_counter() < deadline:
+            body = chat_body(f"Stream {w}.{k} of round {tag}: tell me a story.", load.tokens)
+            k += 1
+            try:
+                out.append(await timed_stream(session, url, body, stamps))
+            except (BenchError, aiohttp.ClientError, TimeoutError) as exc:  # counted; the exit status is 1
+                out.append(exc)
+        return out
+
     before = await asyncio.to_thread(fake_counts, daemons)
     start = time.perf_counter()
-    sampler = asyncio.create_task(busy_after(session, daemons, SAMPLE_AFTER_S))
-    results = await asyncio.gather(*(one_stream(session, t) for t in targets), return_exceptions=True)
+    deadline = start + load.seconds
+    sampler = asyncio.create_task(busy_after(session, daemons, load.seconds / 2))
+    results = [r for rs in await asyncio.gather(*(worker(w) for w in range(STREAMS))) for r in rs]
     wall = time.perf_counter() - start
     busy = await sampler
     after = await asyncio.to_thread(fake_counts, daemons)
-    good = [r for r in results if not isinstance(r, BaseException)]
-    bad = [r for r in results if isinstance(r, BaseException)]
+    good = [r for r in results if isinstance(r, Streamed)]
+    bad = [r for r in results if not isinstance(r, Streamed)]
     for message in sorted({f"{type(e).__name__}: {e}" for e in bad}):
-        print(f"  ERROR: {message}", file=sys.stderr, flush=True)
-    for e in bad:
-        if not isinstance(e, BenchError | aiohttp.ClientError | TimeoutError):
-            raise e
-    return PoolRound(tokens=sum(r.tokens for r in good), wall=wall, ttft_ms=[r.ttft * 1000 for r in good],
+        print(f"  ERROR ({sum(f'{type(e).__name__}: {e}' == message for e in bad)}x): {message}",
+              file=sys.stderr, flush=True)
+    in_window = sum(1 for t in stamps if start + RAMP_S <= t < deadline)
+    return PoolRound(window_tokens=in_window, window=load.window, tokens=len(stamps), wall=wall,
+                     ttft_ms=[r.ttft * 1000 for r in good], decode_ms=[r.decode * 1000 for r in good],
                      errors=len(bad), served=served_between(before, after),
                      copies={node: len(pids) for node, pids in after.items()}, busy=busy)
 
 
-async def run_cell(daemons: Sequence[Daemon], cell: Cell, rounds: int, tokens: int) -> None:
+async def run_cell(daemons: Sequence[Daemon], cell: Cell, rounds: int, load: Load) -> None:
     """A warm-up round, then ``rounds`` measured rounds, each printed as it ends."""
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
         for i in range(rounds + 1):
-            got = await pool_round(session, daemons, f"{cell.policy}-{cell.nodes}-{i}", tokens)
+            got = await pool_round(session, daemons, f"{cell.policy}-{cell.nodes}-{i}", load)
             print(f"  {cell.policy:<8} {cell.nodes} node(s) {'warm-up' if i == 0 else f'round {i}':>8}: "
                   f"{got.line()}", flush=True)
             if i == 0:
@@ -309,7 +391,7 @@ async def run_cell(daemons: Sequence[Daemon], cell: Cell, rounds: int, tokens: i
                 cell.rounds.append(got)
 
 
-def throughput(tmp: Path, policies: Sequence[str], rounds: int, tokens: int) -> list[Cell]:
+def throughput(tmp: Path, policies: Sequence[str], rounds: int, load: Load) -> list[Cell]:
     """The 1-node baseline, then 2 and 3 nodes under each of ``policies`` (``off``: LLMMAN_SPREAD=off;
     any other: the default, nothing set)."""
     plan: list[tuple[str, int, dict[str, str]]] = [("none", 1, {})]
@@ -319,27 +401,30 @@ def throughput(tmp: Path, policies: Sequence[str], rounds: int, tokens: int) -> 
     for k, (policy, nodes, env) in enumerate(plan):
         cell = Cell(policy, nodes)
         with pool(tmp / f"pool{k}", nodes, env) as daemons:
-            asyncio.run(run_cell(daemons, cell, rounds, tokens))
+            asyncio.run(run_cell(daemons, cell, rounds, load))
         cells.append(cell)
     return cells
 
 
-def print_throughput(cells: Sequence[Cell], default_policy: str) -> list[dict[str, Any]]:
+def print_throughput(cells: Sequence[Cell], default_policy: str, load: Load) -> list[dict[str, Any]]:
     """The throughput table; returns the summaries."""
     baseline = cells[0].tps
     rows = [c.summary(baseline) for c in cells]
     head = (f"{'policy':<10}{'nodes':>6}{'tok/s':>9}{'ratio':>8}{'min-max':>13}{'TTFT p50 ms':>13}"
-            f"{'TTFT p95 ms':>13}{'errors':>8}  streams served per node (last round)")
+            f"{'TTFT p95 ms':>13}{'decode ms':>11}{'errors':>8}  streams served per node (last round)")
     print(head)
     print("-" * len(head))
     for s in rows:
-        served = s["served_per_round"][-1] if s["served_per_round"] else {}
+        served = s["per_round"][-1]["served"] if s["per_round"] else {}
+        where = " ".join(f"{n}:{c}" for n, c in served.items())
         print(f"{s['policy']:<10}{s['nodes']:>6}{s['tps']:>9.1f}{s['ratio']:>8.2f}"
               f"{s['ratio_min']:>6.2f}-{s['ratio_max']:<6.2f}{s['ttft_p50_ms']:>13.1f}{s['ttft_p95_ms']:>13.1f}"
-              f"{s['errors']:>8}  {' '.join(f'{n}:{c}' for n, c in served.items())}")
+              f"{s['decode_p50_ms']:>11.0f}{s['errors']:>8}  {where}")
     print(f"targets ({default_policy}, the default): ratio >= {TARGETS[2]} with 2 nodes, >= {TARGETS[3]} "
           f"with 3; off: 1x. One node: {SLOTS} slots x {1 / TOKEN_DELAY_S:.0f} tok/s = "
-          f"{SLOTS / TOKEN_DELAY_S:.0f} tok/s at most.")
+          f"{SLOTS / TOKEN_DELAY_S:.0f} tok/s at most. decode ms: median time from a stream's first token "
+          f"to its end ({load.tokens * TOKEN_DELAY_S * 1000:.0f} ms when the CPUs keep up with the fakes); "
+          f"tok/s: tokens arriving from {RAMP_S:g} s to {load.seconds:g} s into a round.")
     return rows
 
 
@@ -502,9 +587,10 @@ def commit() -> str:
 def main() -> int:
     """Run the three parts, print their tables, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="1 round of 20-token streams, fewer decisions")
+    parser.add_argument("--quick", action="store_true", help="rounds of 5 s, one measured; fewer decisions")
     parser.add_argument("--rounds", type=int, help="measured rounds per pool (default 2; --quick 1)")
-    parser.add_argument("--tokens", type=int, help="tokens per stream (default 40; --quick 20)")
+    parser.add_argument("--tokens", type=int, default=20, help="tokens per stream (default 20: 1 s each)")
+    parser.add_argument("--seconds", type=float, help="seconds of sending per round (10; --quick 5)")
     parser.add_argument("--decisions", type=int, help="placement decisions timed per peer count (200; 50)")
     parser.add_argument("--silent-reps", type=int, help="fresh pairs for the silent peer (2; 1)")
     parser.add_argument("--silent-cap", type=float, default=30.0, help="seconds before a stream is given up")
@@ -515,13 +601,14 @@ def main() -> int:
     args = parser.parse_args()
     quick = args.quick
     rounds = args.rounds or (1 if quick else 2)
-    tokens = args.tokens or (20 if quick else 40)
+    load = Load(args.tokens, args.seconds or (5.0 if quick else 10.0))
     decisions = args.decisions or (50 if quick else 200)
     reps = args.silent_reps or (1 if quick else 2)
     today = datetime.date.today().isoformat()
     out_path = args.json or REPO / "bench" / f"results-pool-{today}{'-quick' if quick else ''}.json"
     doc: dict[str, Any] = {"date": today, "commit": commit(), "streams": STREAMS, "slots": SLOTS,
-                           "tokens_per_s_per_stream": 1 / TOKEN_DELAY_S, "tokens": tokens, "rounds": rounds,
+                           "tokens_per_s_per_stream": 1 / TOKEN_DELAY_S, "tokens": load.tokens,
+                           "seconds": load.seconds, "ramp_s": RAMP_S, "rounds": rounds,
                            "load_average_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="llmman-bench-pool-") as name:
         tmp = args.workdir or Path(name)
@@ -530,11 +617,11 @@ def main() -> int:
         errors = 0
         try:
             if args.only in (None, "throughput"):
-                print(f"throughput: {STREAMS} streams of {tokens} tokens to node 1, "
-                      f"{rounds} round(s) per pool")
+                print(f"throughput: {STREAMS} workers streaming {load.tokens}-token answers from node 1 "
+                      f"back to back for {load.seconds:g} s; a warm-up and {rounds} round(s) per pool")
                 policies = [default_policy if p == "default" else p for p in args.policies.split(",")]
-                cells = throughput(tmp / "throughput", policies, rounds, tokens)
-                doc["throughput"] = print_throughput(cells, default_policy)
+                cells = throughput(tmp / "throughput", policies, rounds, load)
+                doc["throughput"] = print_throughput(cells, default_policy, load)
                 errors += sum(r["errors"] for r in doc["throughput"])
             if args.only in (None, "placement"):
                 print(f"cold placement: Router.decide, {decisions} decisions per peer count")
