@@ -30,13 +30,16 @@ and port, ``tests/integration/daemons.py``):
    loaded) and a front node built in this process exactly as the daemon builds it (settings, peers,
    scheduler, store, gateway, ``Services``), storing nothing. Timed: ``Router.decide`` for the model
    (loaded nowhere) with the first 1, 3 and 8 of those peers, ``--decisions`` times after 20 warm-up
-   ones: median and p95, plus the very first decision (new connections). Target under 20 ms.
-3. **A silent peer.** Nodes A and B store the model; B has it loaded; a request through A is forwarded
-   to B (so A has seen B up with the model); then B's daemon is stopped with SIGSTOP and one more stream
-   is sent to A, which has to give up on B and serve it itself (a cold load on A). Its TTFT minus that of
-   a cold load on A alone (the same request with ``x-llmman-hop``, measured first on the same A) is the
-   cost of the silent peer, under the default ``aggregation.stall_timeout``. ``--silent-reps`` fresh
-   pairs; a stream that takes longer than ``--silent-cap`` seconds is given up and reported as such.
+   ones: median and p95, plus the very first decision (new connections); once with
+   ``aggregation.refresh`` 0 (every decision makes its probe round) and once with the background state
+   of a running daemon (``Peers.start``). Target under 20 ms.
+3. **A silent peer.** Nodes A and B store the model; B has it loaded (and A's ``/llmman/pool`` shows
+   it); a request through A is forwarded to B (so A has seen B up with the model); then B's daemon is
+   stopped with SIGSTOP and one more stream is sent to A, which has to give up on B and serve it itself
+   (a cold load on A). Its TTFT minus that of a cold load on A alone (the same request with
+   ``x-llmman-hop``, measured first on the same A) is the cost of the silent peer, under the default
+   ``aggregation.stall_timeout``. ``--silent-reps`` fresh pairs; a stream that takes longer than
+   ``--silent-cap`` seconds is given up and reported as such.
 
 Timings are reported, never asserted; the exit status is non-zero only when a request or the set-up
 failed. Results go to ``bench/results-pool-<date>.json`` (``-quick`` in the name for ``--quick``).
@@ -528,6 +531,16 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) ->
         time.sleep(0.05)  # polling a subprocess's state; the condition is the event
 
 
+def sees_loaded(front: Daemon, peer: str) -> bool:
+    """Whether ``front``'s ``/llmman/pool`` shows MODEL loaded on the peer at address ``peer`` (a daemon
+    without that route: true, its probe per request sees it)."""
+    answer = httpx.get(front.url + "/llmman/pool", timeout=10)
+    if answer.status_code == 404:
+        return True
+    return any(n["address"].rsplit(":", 1)[0] == peer and any(MODEL in ref for ref in n["models"])
+               for n in answer.json()["nodes"] if not n["self"])
+
+
 def silent_once(tmp: Path, cap: float) -> dict[str, Any]:
     """One fresh pair A, B: A's cold local load, then the stream that has to give up on a stopped B."""
     body = chat_body("Hello there", 4)
@@ -541,6 +554,7 @@ def silent_once(tmp: Path, cap: float) -> dict[str, Any]:
         wait_for(lambda: not local_ps(a) and not a.children(), "A to unload the model")
         if asyncio.run(first_token(b.url + chat, body, HOP, cap)) is None:  # B loads it
             raise BenchError("the load on B gave no token")
+        wait_for(functools.partial(sees_loaded, a, node_of(b)), "A to see the model loaded on B")
         if asyncio.run(first_token(a.url + chat, body, {}, cap)) is None or a.children():
             raise BenchError("a request through A was not forwarded to B (B has the model loaded)")
         os.kill(b.process.pid, signal.SIGSTOP)
@@ -629,9 +643,10 @@ def main() -> int:
             if args.only in (None, "silent"):
                 print("silent peer (SIGSTOP after it was seen up):")
                 doc["silent_peer"] = silent_peer(tmp / "silent", reps, args.silent_cap)
-        except (BenchError, RuntimeError) as exc:
+        except (BenchError, RuntimeError) as exc:  # what was measured before is still written
             print(f"bench failed: {exc}", file=sys.stderr)
-            return 1
+            doc["failed"] = str(exc)
+            errors += 1
     doc["load_average_after"] = os.getloadavg()
     out_path.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"results: {out_path}")
