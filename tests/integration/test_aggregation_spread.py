@@ -1,4 +1,5 @@
-"""Spreading, replicas and fallback nodes (docs/aggregation.md#spreading-and-replicas) with real daemons.
+"""Spreading, replicas, fallback nodes and conversation affinity (docs/aggregation.md#spreading-and-replicas)
+with real daemons.
 
 Every daemon runs the fake llama-server with 2 slots (``LLMMAN_NUM_PARALLEL=2``) and a per-token delay, so
 where a stream runs is decided by llmman's accounting of slots, not by what the 2 shared cores manage. A
@@ -202,3 +203,31 @@ def test_a_fallback_node_serves_only_when_the_primary_cannot(daemons: Daemons) -
     chat(front.url)  # the primary is gone: the fallback loads it
     assert (local_ps(fallback), posts(fallback)) == ([TINY], 1)
     assert local_ps(front) == []
+
+
+def test_a_conversations_next_turn_goes_where_its_first_went(daemons: Daemons) -> None:
+    b = daemons.start("b")
+    a = daemons.start("a", LLMMAN_PEERS=b.url)
+    for d in (a, b):
+        chat(d.url, headers=HOP)
+    running = streams(a.url, 2)  # a is full: the first turn goes to b
+    first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": opening()}]
+    before = posts(b)
+    turn(a.url, first)
+    assert posts(b) == before + 1
+    for s in running:
+        s.stop()
+    wait_until(lambda: busy(a) == 0, "the streams on a to end")
+    # a has free slots now, but b holds the conversation's prompt: the next turns go there.
+    later = [*first, {"role": "assistant", "content": "w0 w1"}, {"role": "user", "content": "and then?"}]
+    turn(a.url, later)
+    assert posts(b) == before + 2
+    turn(a.url, [first[0], {"role": "user", "content": opening()}])  # another conversation: served here
+    assert posts(b) == before + 2
+
+
+def turn(url: str, messages: list[dict[str, str]]) -> None:
+    """One non-streamed /api/chat turn of a conversation that must succeed."""
+    body = {"model": "tiny", "messages": messages, "stream": False, "options": {"num_predict": 2}}
+    r = httpx.post(url + "/api/chat", json=body, timeout=120)
+    assert r.status_code == 200 and r.json()["done"] is True, r.text
