@@ -131,6 +131,21 @@ def busy(d: Daemon) -> int:
     return 0 if load is None else int(load["in_flight"]) + int(load["queued"])
 
 
+def warm(front: Daemon, *others: Daemon) -> None:
+    """tiny loaded on ``front`` and ``others``, and ``front``'s view of its peers showing it loaded and
+    idle (the background state lags the peers by up to a refresh)."""
+    for d in (front, *others):
+        chat(d.url, headers=HOP)
+
+    def seen() -> bool:
+        nodes = httpx.get(front.url + "/llmman/pool", timeout=10).json()["nodes"]
+        idle = {n["address"] for n in nodes
+                if (m := n["models"].get(TINY)) is not None and m["in_flight"] == m["queued"] == 0}
+        return all(d.url.removeprefix("http://") in idle for d in others)
+
+    wait_until(seen, "the front node to see tiny loaded on its peers")
+
+
 def posts(d: Daemon) -> int:
     """How many POST /api/chat reached ``d`` (its access log)."""
     return d.log_text().count('"POST /api/chat HTTP/1.1"')
@@ -139,8 +154,7 @@ def posts(d: Daemon) -> int:
 def test_streams_through_one_node_spread_over_both_loaded_copies(daemons: Daemons) -> None:
     b = daemons.start("b", LLMMAN_SPREAD="loaded")
     a = daemons.start("a", LLMMAN_SPREAD="loaded", LLMMAN_PEERS=b.url)
-    for d in (a, b):
-        chat(d.url, headers=HOP)  # tiny loaded on each
+    warm(a, b)
     before = posts(b)
     here = streams(a.url, 2)  # a spare slot here: served here
     assert (busy(a), busy(b), posts(b)) == (2, 0, before)
@@ -154,8 +168,7 @@ def test_streams_through_one_node_spread_over_both_loaded_copies(daemons: Daemon
 def test_spread_off_keeps_every_request_on_the_loaded_node(daemons: Daemons) -> None:
     b = daemons.start("b", LLMMAN_SPREAD="off")
     a = daemons.start("a", LLMMAN_SPREAD="off", LLMMAN_PEERS=b.url)
-    for d in (a, b):
-        chat(d.url, headers=HOP)
+    warm(a, b)
     before = posts(b)
     running = streams(a.url, 5)
     assert (busy(a), busy(b), posts(b)) == (5, 0, before)  # 2 served, 3 waiting: never elsewhere
@@ -208,8 +221,7 @@ def test_a_fallback_node_serves_only_when_the_primary_cannot(daemons: Daemons) -
 def test_a_conversations_next_turn_goes_where_its_first_went(daemons: Daemons) -> None:
     b = daemons.start("b")
     a = daemons.start("a", LLMMAN_PEERS=b.url)
-    for d in (a, b):
-        chat(d.url, headers=HOP)
+    warm(a, b)
     running = streams(a.url, 2)  # a is full: the first turn goes to b
     first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": opening()}]
     before = posts(b)
