@@ -272,7 +272,8 @@ class Router:
                                                         fill=policy.spread == REPLICAS, replica=replica))
         first = ranked[0]
         log.debug("placement of %s: %s (spread %s%s; load: %s)", ref, [n.name for n in ranked], policy.spread,
-                  ", another copy due" if replica else "", {n.name: _load_text(n, ref) for n in nodes})
+                  ", another copy due" if replica and not first.has_loaded(ref) else "",
+                  {n.name: _load_text(n, ref) for n in nodes})
         if conversation is not None and policy.affinity:
             self.affinity.put(conversation, first.name)
         if replica and not first.has_loaded(ref):
