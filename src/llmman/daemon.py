@@ -205,6 +205,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
     puller = Puller(store, CredentialStore.of(settings), offline=settings.offline,
                     options=RegistryOptions.of(settings))  # insecure hosts, tls.ca_file, HF_ENDPOINT
     gateway.puller = puller  # models missing from the store are pulled on first use
+    gateway.leased = obs.metrics.waited  # queue wait per model, in /metrics
     app = build_app(Services(settings=settings, store=store, scheduler=scheduler, gateway=gateway,
                              puller=puller, peers=peers, obs=obs.start()))
     config = uvicorn.Config(

@@ -158,6 +158,8 @@ class Gateway:
         # Raises ConfigError for a preset whose name is not a model reference (at daemon start).
         self._presets = by_reference(presets or {}, lambda name: str(parse_reference(name)))
         self.puller: Puller | None = None  # set by the daemon: models missing from the store are pulled
+        # Set by the daemon: told each lease's model and seconds waited (queue + load), for the metrics.
+        self.leased: Callable[[str, float], None] | None = None
         self._open: set[UpstreamExchange] = set()  # exchanges not closed yet (cut_all)
         self._posting: set[asyncio.Future[Any]] = set()  # waits for a lease or status
         self._cut: LlmmanError | None = None
@@ -266,7 +268,10 @@ class Gateway:
         if keep_alive is None and preset is not None and preset.keep_alive is not None and not preset.preload:
             # The preset's default for this model; a request's own wins. A preloaded model stays pinned.
             keep_alive = preset.keep_alive
-        return await self.scheduler.acquire(plan, keep_alive=keep_alive, request=request)
+        lease = await self.scheduler.acquire(plan, keep_alive=keep_alive, request=request)
+        if self.leased is not None:
+            self.leased(lease.reference, lease.load_duration)
+        return lease
 
     async def open(
         self,

@@ -41,6 +41,7 @@ from starlette.responses import Response
 
 from llmman.api.cancel import unless_disconnected
 from llmman.api.errors import error_response, handle_llmman_error
+from llmman.api.observed import Observed, Served
 from llmman.api.relay import PeerAnswer
 from llmman.api.services import Services
 from llmman.cluster.forward import NODE, answers_probe, forward_headers, header_value, open_forward
@@ -50,6 +51,7 @@ from llmman.cluster.router import Forward, Intent, Local, Origin, Target
 from llmman.cluster.source import SOURCE, SOURCE_DIGEST
 from llmman.errors import LlmmanError, RunnerError, ServiceUnavailable
 from llmman.gateway import ResolvedModel
+from llmman.obs.stopwatch import Stopwatch
 from llmman.protocol.errors import dialect_of, error_frame, upstream_text
 from llmman.protocol.openai.shapes import upstream_message
 
@@ -109,6 +111,7 @@ async def run(request: Request, call: Call) -> Response:
     """Serve ``call`` where the router decides: forwarded to a peer, or here; the answer (an error too)
     carries ``x-llmman-node``."""
     services: Services = request.app.state.services
+    watch = Stopwatch()
     where = origin(request)
     if where.hop:
         log.debug("%s %s forwarded by %r", request.method, request.url.path, request.headers.get(HOP))
@@ -116,9 +119,16 @@ async def run(request: Request, call: Call) -> Response:
         response = await _place(request, services, call, where)
     except LlmmanError as exc:
         response = await handle_llmman_error(request, exc)
-    if not isinstance(response, PeerAnswer) and NODE not in response.headers:
-        response.headers[NODE] = header_value(services.settings.node_name)
-    return response
+    own = services.settings.node_name
+    model = services.router.reference(call.model) or call.model
+    if isinstance(response, PeerAnswer):
+        served = Served(model, "forwarded", response.node, call.conversation)
+    else:
+        if NODE not in response.headers:
+            response.headers[NODE] = header_value(own)
+        served = Served(model, "hop" if where.hop else "local", response.headers.get(NODE) or own,
+                        call.conversation)
+    return Observed(response, request, services.obs, watch, served)
 
 
 async def _place(request: Request, services: Services, call: Call, where: Origin) -> Response:
@@ -203,6 +213,7 @@ async def _forward(request: Request, services: Services, target: Target, model: 
         log.info("forward of %s to %s failed before its first byte (%s): trying the next node", path,
                  target.name, why)
         router.failed(target, why)
+        services.obs.metrics.forwarded(target.name, "failed")
         return None
     except BaseException:
         counting.close()
@@ -215,11 +226,17 @@ async def _forward(request: Request, services: Services, target: Target, model: 
             router.failed(target, "it refused our peer key (401)")
         log.info("peer %s answered %s %d before its first byte: trying the next node", target.name, path,
                  response.status)
+        services.obs.metrics.forwarded(target.name, "refused")
         return _refusal(path, response, text, target.name)
     log.debug("forwarding %s to %s", path, target.name)
+    services.obs.metrics.forwarded(target.name, "ok")
     dialect = dialect_of(path)
-    return PeerAnswer(response, lambda message: error_frame(dialect, message, 502),
-                      lambda why: router.failed(target, why), target.name,
+
+    def broke(why: str) -> None:
+        router.failed(target, why)
+        services.obs.metrics.forwarded(target.name, "broken")
+
+    return PeerAnswer(response, lambda message: error_frame(dialect, message, 502), broke, target.name,
                       alive=lambda: answers_probe(peers, target.address), stall=settings.stall_timeout,
                       finished=counting.close)
 

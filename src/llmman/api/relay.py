@@ -112,6 +112,11 @@ class PeerAnswer(Response):
         if finished is not None:
             finished()
 
+    @property
+    def node(self) -> str:
+        """The node that served this answer: the peer's own ``x-llmman-node``, else its name."""
+        return self._upstream.headers.get(NODE) or self._name
+
     def headers_out(self) -> list[tuple[bytes, bytes]]:
         """The peer's headers as sent on: hop-by-hop ones dropped, ``x-llmman-node`` added when the
         peer did not name itself."""

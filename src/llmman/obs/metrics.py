@@ -139,7 +139,7 @@ class Metrics:
 
     def forwarded(self, peer: str, outcome: str) -> None:
         """A request was sent on to ``peer``: ``ok`` (it answered), ``failed`` (before its status line),
-        ``broken`` (after it) or ``cancelled`` (the client left)."""
+        ``refused`` (429/5xx/401 before its first byte: the next node was tried) or ``broken`` (after it)."""
         self.forwards.labels(peer, outcome).inc()
 
     def hop(self, peer: str, outcome: str) -> None:
