@@ -138,6 +138,8 @@ async def _place(request: Request, services: Services, call: Call, where: Origin
         LlmmanError: this node's error: a final one, or its load failure when nothing else answered.
     """
     router = services.router
+    if call.intent is Intent.UNLOAD and not where.hop and services.peers:
+        await _unload_copies(request, services, call.model)
     tried: set[str] = set()
     last: Response | LlmmanError | None = None
     decision = await router.decide(call.model, call.intent, where, conversation=call.conversation)
@@ -173,6 +175,21 @@ async def _place(request: Request, services: Services, call: Call, where: Origin
     if last is not None:
         return last
     raise ServiceUnavailable(f"no node could serve {call.model}")
+
+
+async def _unload_copies(request: Request, services: Services, model: str) -> None:
+    """A stop drains the model wherever it is: sent to every peer holding a copy, at once (the node the
+    router names gets it as the answer; a second unload there only finds it draining or gone). What each
+    peer answers is dropped; one that fails is logged."""
+    async def one(target: Target) -> None:
+        answer = await _forward(request, services, target, model)
+        if isinstance(answer, PeerAnswer):
+            await unless_disconnected(request, _drained(answer.upstream))
+            answer.close()
+        elif answer is not None:
+            log.info("unload of %s on %s answered %d", model, target.name, answer.status_code)
+
+    await asyncio.gather(*(one(t) for t in await services.router.copies_elsewhere(model)))
 
 
 async def _ensure(services: Services, call: Call, decision: Local) -> ResolvedModel:

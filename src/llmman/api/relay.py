@@ -113,6 +113,11 @@ class PeerAnswer(Response):
             finished()
 
     @property
+    def upstream(self) -> aiohttp.ClientResponse:
+        """The peer's open response (the pipeline reads an unload's answer whole from it)."""
+        return self._upstream
+
+    @property
     def node(self) -> str:
         """The node that served this answer: the peer's own ``x-llmman-node``, else its name."""
         return self._upstream.headers.get(NODE) or self._name

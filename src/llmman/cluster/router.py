@@ -10,7 +10,8 @@ gets back; this module owns every rule of that choice, and only here is it made:
 * a node without peers, or a name that does not parse: served here;
 * ``/api/show`` (:attr:`Intent.SHOW`) goes to a node storing the model; an unload (``keep_alive`` 0
   with nothing to generate, :attr:`Intent.UNLOAD`) to the node that has it loaded, else to one storing
-  it (which answers ``unload`` as a single daemon storing it does); a model loaded here stays here;
+  it (which answers ``unload`` as a single daemon storing it does); a model loaded here stays here; the
+  pipeline also sends it to every other copy (:meth:`Router.copies_elsewhere`);
 * anything else by :attr:`Policy.spread` (docs/aggregation.md#spreading-and-replicas):
   ``off`` — the three rules of the seed (:func:`.placement.rank_off`: loaded, else fits and stored, else
   the most room; a model loaded here is served here; a peer seen with the model loaded moments ago is
@@ -343,6 +344,14 @@ class Router:
             return replace(view, models=models)
         # A copy the placements made here are loading: its weights count as taken, as a peer's would.
         return replace(view, models=models, loaded={**view.loaded, ref: model_size(ref, [view])})
+
+    async def copies_elsewhere(self, name: str) -> list[Target]:
+        """Every peer that has model ``name`` loaded now (asked now, not from the background views): where
+        a stop must go besides the node :meth:`decide` names, so that it drains the model wherever it is."""
+        peers, ref = self.peers, self.reference(name)
+        if not peers or ref is None:
+            return []
+        return [Target(self._address(n)) for n in await peers.current(probe=True) if n.has_loaded(ref)]
 
     def failed(self, target: Target, why: str) -> None:
         """``target`` failed before answering: it is left out until it answers a probe again."""
