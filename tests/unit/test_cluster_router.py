@@ -465,3 +465,13 @@ async def test_an_unload_and_a_decision_made_afresh_ask_the_peers_now() -> None:
     await r.decide("docker.io/ai/other:1", Intent.UNLOAD, Origin())
     await router(peers).decide(M, Intent.INFER, Origin(), fresh=True)
     assert peers.asked_now == 3
+
+
+def test_the_node_that_served_a_turn_keeps_the_conversation_and_off_remembers_none() -> None:
+    r, _ = spreading(FixedPeers([]))
+    r.served("conv", "127.0.0.12:17434")
+    assert r.affinity.get("conv") == "127.0.0.12:17434"
+    r.served(None, "local")  # no key: nothing to remember
+    seed = router(FixedPeers([]))
+    seed.served("conv", "local")
+    assert seed.affinity.get("conv") is None

@@ -153,19 +153,25 @@ async def _place(request: Request, services: Services, call: Call, where: Origin
                 tried.add(target.name)
                 answer = await _forward(request, services, target, call.model)
                 if isinstance(answer, PeerAnswer):
+                    if answer.status_code < 400:
+                        router.served(call.conversation, target.name)
                     return answer
                 last = answer if answer is not None else last
             local = decision.otherwise
         if local is not None and LOCAL not in tried:
             tried.add(LOCAL)
             try:
-                return await call.serve(await _ensure(services, call, local))
+                response = await call.serve(await _ensure(services, call, local))
             except LlmmanError as exc:
                 if where.hop or not services.peers or not moves_on(exc):
                     raise
                 log.info("%s for %s failed here before its first byte (%s): trying the peers",
                          request.url.path, call.model, exc.message)
                 last = exc
+            else:
+                if response.status_code < 400:
+                    router.served(call.conversation, LOCAL)
+                return response
         if len(tried) == before:  # nothing new was left to try
             break
         decision = await router.decide(call.model, call.intent, where, fresh=True, tried=frozenset(tried),

@@ -353,6 +353,12 @@ class Router:
             return []
         return [Target(self._address(n)) for n in await peers.current(probe=True) if n.has_loaded(ref)]
 
+    def served(self, conversation: str | None, node: str) -> None:
+        """``node`` (``local`` or a peer's name) answered a turn of ``conversation``: its next turns go
+        there (the node a failover ended on, not the one first chosen)."""
+        if conversation is not None and self.policy.affinity and self.policy.spread != OFF:
+            self.affinity.put(conversation, node)
+
     def failed(self, target: Target, why: str) -> None:
         """``target`` failed before answering: it is left out until it answers a probe again."""
         if self.peers is not None:
