@@ -20,6 +20,7 @@ from llmman.api import (
     pool_view,
     requestlog_routes,
     responses,
+    ui,
 )
 from llmman.api.auth import ApiKeys
 from llmman.api.cors import CORSAndHostGuard
@@ -56,6 +57,9 @@ def build_app(services: Services) -> Starlette:
         Route("/llmman/requests", requestlog_routes.requests, methods=["GET"]),
         Route("/llmman/stats", requestlog_routes.request_stats, methods=["GET"]),
         Route("/llmman/pool", pool_view.pool, methods=["GET"]),
+        Route("/llmman/devices", ui.devices, methods=["GET"]),
+        Route("/ui", ui.page, methods=["GET", "HEAD"]),
+        Route("/ui/{name}", ui.page, methods=["GET", "HEAD"]),
         *transfer_routes(),
         Route("/v1/messages", anthropic.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),

@@ -4,7 +4,8 @@ Accepted as ``Authorization: Bearer KEY``, ``x-api-key: KEY`` (Anthropic) or ``x
 Keys are kept only as SHA-256 digests and compared in constant time against every key. A request
 without a valid key gets 401 with ``WWW-Authenticate: Bearer realm="llmman"`` and a body in the route's
 dialect (:func:`unauthorized_body`). ``GET /``, ``/api/version`` and ``/health`` stay open (liveness checks
-carry no key); ``/metrics`` also takes the scrape key (``metrics.scrape_key``, docs/observability.md).
+carry no key), and so do the dashboard's files under ``/ui`` (its data calls carry the key); ``/metrics``
+also takes the scrape key (``metrics.scrape_key``, docs/observability.md).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from llmman.protocol.errors import Dialect, dialect_of
 from llmman.protocol.openai.shapes import openai_error
 
 OPEN_PATHS = frozenset({"/", "/api/version", "/health"})
+OPEN_UI = "/ui"  # the dashboard's files, /ui and /ui/... (llmman.api.ui): they hold no data
 SCRAPE_PATH = "/metrics"  # the one path the scrape key opens
 MESSAGE = ("unauthorized: present an API key as 'Authorization: Bearer <key>', 'x-api-key: <key>' "
            "or 'x-goog-api-key: <key>'")
@@ -78,6 +80,7 @@ class ApiKeys:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (not self.keys or scope["type"] != "http" or scope["path"] in OPEN_PATHS
+                or scope["path"] == OPEN_UI or scope["path"].startswith(OPEN_UI + "/")
                 or accepted(self.scrape_keys if scope["path"] == SCRAPE_PATH else self.keys,
                             scope["headers"])):
             await self.app(scope, receive, send)

@@ -5,6 +5,11 @@
 ``/llmman/stats?window=1h``: the window back from now (a duration; default 1h). Both read this node's log
 (llmman.obs.stats) in a thread. Answers: ``{"requests": [...]}`` and ``{"window": s, "since": t,
 "stats": [...]}``; rows and stats are described in docs/observability.md.
+
+``pool=1`` on either adds every up peer's answer to the same query (asked with ``pool`` left out, so it
+never goes further): rows merged newest first and cut to ``limit``, stats concatenated (each names its
+node) and sorted by model, then node. A peer that does not answer is left out (the pool view shows it
+down). The dashboard (docs/dashboard.md) reads the whole pool this way from any node.
 """
 
 from __future__ import annotations
@@ -12,12 +17,16 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from typing import Any
+from urllib.parse import urlencode
 
+import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response
 
 from llmman.api.ollama_infer import json_response
 from llmman.api.services import Services
+from llmman.config.table import HostAddress
 from llmman.durations import parse_duration
 from llmman.errors import BadRequest, LlmmanError
 from llmman.obs.stats import MAX_LIMIT, RowFilter, recent, stats
@@ -61,6 +70,36 @@ def row_filter(params: dict[str, str], now: float) -> RowFilter:
                      since=since, limit=int(limit_text))
 
 
+POOL = "pool"
+
+
+def _pooled(params: dict[str, str]) -> bool:
+    """True when the query asks for the whole pool (``pool=1``, ``true`` or ``yes``)."""
+    return params.get(POOL, "").lower() in ("1", "true", "yes")
+
+
+async def _peers(services: Services, path: str, params: dict[str, str], key: str) -> list[Any]:
+    """The ``key`` list of every up peer's answer to ``path`` with ``params`` (less ``pool``)."""
+    if not services.peers:
+        return []
+    peers = services.peers
+    query = urlencode({k: v for k, v in params.items() if k != POOL})
+    target = f"{path}?{query}" if query else path
+
+    async def one(address: HostAddress) -> object:
+        try:
+            return await peers.get_json(address, target)
+        except (OSError, aiohttp.ClientError, TimeoutError, ValueError):
+            return None  # not marked down: a peer's unreadable log says nothing of its serving
+
+    out: list[Any] = []
+    for doc in await asyncio.gather(*(one(a) for a in peers.up())):
+        items = doc.get(key) if isinstance(doc, dict) else None
+        if isinstance(items, list):
+            out += [item for item in items if isinstance(item, dict)]
+    return out
+
+
 def _unreadable(exc: sqlite3.Error) -> LlmmanError:
     return LlmmanError(f"the request log cannot be read: {exc}", status=503, code="request_log_unreadable")
 
@@ -68,22 +107,31 @@ def _unreadable(exc: sqlite3.Error) -> LlmmanError:
 async def requests(request: Request) -> Response:
     """``GET /llmman/requests``."""
     services: Services = request.app.state.services
-    which = row_filter(dict(request.query_params), time.time())
+    params = dict(request.query_params)
+    which = row_filter(params, time.time())
     try:
         rows = await asyncio.to_thread(recent, services.obs.requests.path, which)
     except sqlite3.Error as exc:
         raise _unreadable(exc) from None
+    if _pooled(params):
+        rows += await _peers(services, "/llmman/requests", params, "requests")
+        rows.sort(key=lambda row: row.get("time") or 0.0, reverse=True)
+        rows = rows[:which.limit]
     return json_response({"requests": rows})
 
 
 async def request_stats(request: Request) -> Response:
     """``GET /llmman/stats``."""
     services: Services = request.app.state.services
-    text = request.query_params.get("window")
+    params = dict(request.query_params)
+    text = params.get("window")
     window = _seconds(text, "window") if text else DEFAULT_WINDOW_S
     since = time.time() - window
     try:
         summary = await asyncio.to_thread(stats, services.obs.requests.path, since)
     except sqlite3.Error as exc:
         raise _unreadable(exc) from None
+    if _pooled(params):
+        summary += await _peers(services, "/llmman/stats", params, "stats")
+        summary.sort(key=lambda s: (str(s.get("model", "")), str(s.get("node", ""))))
     return json_response({"window": window, "since": since, "stats": summary})
