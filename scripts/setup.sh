@@ -52,6 +52,17 @@ if [ "$WANT_TEST" = 1 ] && { ! command -v docker-registry >/dev/null || ! comman
   fi
 fi
 
+# The dashboard's browser tests (tests/integration/test_dashboard.py) drive Debian's chromium through its
+# chromium-driver; never a downloaded browser.
+if [ "$WANT_TEST" = 1 ] && { ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; }; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing chromium and chromium-driver (for the dashboard's browser tests)"
+    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    say "chromium/chromedriver missing: the dashboard tests will be skipped (apt-get install chromium chromium-driver)"
+  fi
+fi
+
 stamp="$VENV/.llmman-installed"
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
