@@ -44,7 +44,7 @@ import pytest
 from llmman.refs import parse_reference
 from llmman.store import Store
 from tests.fakes.fake_llama_server import make_launcher as make_fake_binary
-from tests.integration.daemons import HOP, Daemon, free_port, start_daemon, wait_until
+from tests.integration.daemons import HOP, Daemon, free_port, local_ps, start_daemon, wait_until
 from tests.unit.ggufgen import TOOLS_THINK_TEMPLATE, write_gguf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -405,6 +405,11 @@ def test_a_silent_peer_is_given_up_and_the_next_node_serves(pool: Pool) -> None:
         assert result and (result[0].status, result[0].node, result[0].error) == (200, "node-c", None), result
         why = f"peer {s} silent before answering for 1 s and not answering its probe"
         assert f"forward of /api/chat to {s} failed before its first byte ({why})" in pool.a.log_text()
+        pool.resume(pool.s)
+        # Woken, s finds the forward's connection closed: the load nobody waits for is cancelled and
+        # its child killed, so the failover leaves no stray copy behind.
+        wait_until(lambda: ref("frozen") not in local_ps(pool.s) and not [
+            c for c in pool.s.children() if "frozen" in " ".join(c.cmdline())], "s to drop the abandoned load")
     finally:
         pool.resume(pool.s)
         request.join(60)
