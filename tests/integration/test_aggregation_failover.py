@@ -409,7 +409,8 @@ def test_a_silent_peer_is_given_up_and_the_next_node_serves(pool: Pool) -> None:
         # Woken, s finds the forward's connection closed: the load nobody waits for is cancelled and
         # its child killed, so the failover leaves no stray copy behind.
         wait_until(lambda: ref("frozen") not in local_ps(pool.s) and not [
-            c for c in pool.s.children() if "frozen" in " ".join(c.cmdline())], "s to drop the abandoned load")
+            c for c in pool.s.children() if "frozen" in " ".join(c.cmdline())],
+            "s to drop the abandoned load")
     finally:
         pool.resume(pool.s)
         request.join(60)
