@@ -5,7 +5,9 @@ Document (bytes, counts)::
     {"memory": capacity, "free": capacity - loaded, "loaded": {ref: bytes}, "stored": {ref: bytes},
      "in_flight": n, "queued": n, "max_queue": n,
      "name": "spark", "version": "0.1.0", "state": "serving" | "draining", "fallback": false,
-     "models": {ref: {"slots": n, "in_flight": n, "queued": n, "loading": bool, "draining": bool}}}
+     "models": {ref: {"slots": n, "in_flight": n, "queued": n, "loading": bool, "draining": bool}},
+     "devices": [{"index": i, "name": ..., "total": bytes, ..., "used": bytes, "utilisation": pct,
+                  "temperature": celsius, "power": watts}]}
 
 The first line is the seed's shape (``memory``, ``loaded``, ``stored``), which is all an older node sends
 and all :func:`parse_node` requires; the rest is optional on reading, so old and new nodes interoperate.
@@ -21,6 +23,7 @@ from typing import Any
 from llmman import __version__
 from llmman.cluster.placement import ModelLoad, NodeView
 from llmman.sched.devices import device_document
+from llmman.sched.gpu import NodeMemory, telemetry
 from llmman.sched.scheduler import Scheduler
 from llmman.sched.table import LoadedSnapshot
 from llmman.store import Store
@@ -68,8 +71,21 @@ def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bo
         "models": {ref: {"slots": m.slots, "in_flight": m.in_flight, "queued": m.queued,
                          "loading": m.loading, "draining": m.draining}
                    for ref, m in model_loads(snaps).items()},
-        "devices": device_document(scheduler.node_memory, snaps),
+        "devices": with_telemetry(device_document(scheduler.node_memory, snaps), scheduler.node_memory),
     }
+
+
+def with_telemetry(devices: list[dict[str, Any]], node: NodeMemory | None) -> list[dict[str, Any]]:
+    """``devices`` with each GPU's ``used`` bytes, ``utilisation`` (%), ``temperature`` (°C) and ``power``
+    (W) where its driver reports them (llmman.sched.gpu.telemetry; none on CPU and Apple nodes)."""
+    figures = telemetry(node.accelerator) if node is not None else {}
+    for device in devices:
+        found = figures.get(device["index"])
+        if found is not None:
+            device.update({k: v for k, v in (("used", found.used), ("utilisation", found.utilisation),
+                                             ("temperature", found.temperature), ("power", found.power))
+                           if v is not None})
+    return devices
 
 
 def _int_table(value: object) -> dict[str, int] | None:

@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from llmman.obs.requestlog import RequestLog, RequestRow
+from llmman.sched.gpu import telemetry
 from llmman.sched.scheduler import Scheduler
 from llmman.sched.table import LoadedSnapshot
 
@@ -213,6 +214,37 @@ class SchedulerCollector(Collector):
     def describe(self) -> Iterator[Metric]:
         """The families without samples (so the registry knows the names and refuses duplicates)."""
         yield from self._families()
+        yield from self._gpu_families()
+
+    @staticmethod
+    def _gpu_families() -> tuple[GaugeMetricFamily, ...]:
+        labels = ["node", "device", "name"]
+        return (
+            GaugeMetricFamily("llmman_gpu_utilisation_percent", "How busy a GPU was over its driver's last "
+                              "sample (NVML or AMD sysfs).", labels=labels),
+            GaugeMetricFamily("llmman_gpu_temperature_celsius", "A GPU's temperature.", labels=labels),
+            GaugeMetricFamily("llmman_gpu_power_watts", "Power a GPU draws.", labels=labels),
+            GaugeMetricFamily("llmman_gpu_memory_used_bytes", "GPU memory in use, by any process.",
+                              labels=labels),
+            GaugeMetricFamily("llmman_gpu_memory_total_bytes", "A GPU's memory.", labels=labels),
+        )
+
+    def _gpu(self) -> Iterator[Metric]:
+        """Per-GPU telemetry (llmman.sched.gpu.telemetry); no samples on a CPU or Apple node."""
+        families = self._gpu_families()
+        node = self._scheduler.node_memory
+        if node is not None:
+            figures = telemetry(node.accelerator)
+            for device in node.devices:
+                found = figures.get(device.index)
+                if found is None:
+                    continue
+                labels = [self._node, str(device.index), device.name]
+                for family, value in zip(families, (found.utilisation, found.temperature, found.power,
+                                                    found.used, device.total), strict=True):
+                    if value is not None:
+                        family.add_metric(labels, value)
+        yield from families
 
     def _families(self) -> tuple[GaugeMetricFamily, ...]:
         per_model = ["model", "kind", "node"]
@@ -264,6 +296,7 @@ class SchedulerCollector(Collector):
             breaker.add_metric([key, node], 1 if failure.broken else 0)
         yield from (loaded, slots, in_flight, queued, model_memory, capacity, planned, used, draining,
                     failures, breaker)
+        yield from self._gpu()
 
 
 class RequestLogCollector(Collector):

@@ -10,21 +10,30 @@ as its children can use no other (:func:`visible`); the indexes stay the driver'
 The figure the scheduler uses (:attr:`NodeMemory.capacity`, bytes) is
 ``min(total of the devices, [resources] memory when set) - [resources] reserve``, never below 0.
 Every function takes its sources as arguments so that tests replay recorded figures.
+
+Telemetry (the dashboard's and ``/metrics``' per-device figures, :func:`telemetry`): utilisation, temperature,
+power and memory used per GPU, from NVML (``nvmlDeviceGetUtilizationRates``, ``nvmlDeviceGetTemperature``,
+``nvmlDeviceGetPowerUsage``) or AMD's sysfs (``gpu_busy_percent``, ``hwmon*/temp1_input``,
+``hwmon*/power1_average``); a figure a device does not report is None; CPU and Apple nodes have none.
+Reads are cached for :data:`TELEMETRY_TTL_S` (peers ask ``/llmman/node`` often).
 """
 
 from __future__ import annotations
 
 import platform
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Device", "NodeMemory", "amd_devices", "discover", "host_devices", "node_memory", "nvidia_devices",
-           "visible"]
+__all__ = ["Device", "NodeMemory", "Telemetry", "amd_devices", "amd_telemetry", "discover", "host_devices",
+           "node_memory", "nvidia_devices", "nvidia_telemetry", "telemetry", "visible"]
 
 AMD_VENDOR = "0x1002"
+TELEMETRY_TTL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -111,15 +120,19 @@ def nvidia_devices(nvml: Any) -> list[Device]:
             pass
 
 
+def _amd_cards(sysfs: Path) -> list[Path]:
+    """``class/drm/cardN`` entries, in sysfs order (AMD's device indexes count the AMD ones among them)."""
+    drm = sysfs / "class" / "drm"
+    try:
+        return sorted(p for p in drm.iterdir() if p.name.startswith("card") and p.name[4:].isdigit())
+    except OSError:
+        return []
+
+
 def amd_devices(sysfs: Path = Path("/sys")) -> list[Device]:
     """AMD GPUs from sysfs: each ``class/drm/cardN/device`` with vendor ``0x1002`` and VRAM files."""
     out: list[Device] = []
-    drm = sysfs / "class" / "drm"
-    try:
-        cards = sorted(p for p in drm.iterdir() if p.name.startswith("card") and p.name[4:].isdigit())
-    except OSError:
-        return []
-    for card in cards:
+    for card in _amd_cards(sysfs):
         dev = card / "device"
         try:
             if (dev / "vendor").read_text().strip() != AMD_VENDOR:
@@ -131,6 +144,135 @@ def amd_devices(sysfs: Path = Path("/sys")) -> list[Device]:
         if total > 0:
             out.append(Device("rocm", len(out), card.name, total, max(0, total - used)))
     return out
+
+
+def _load_nvml() -> Any:
+    try:
+        import pynvml  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    return pynvml
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """What a GPU reports of itself now; None where it reports nothing.
+
+    Attributes:
+        index: the driver's index (as :class:`Device` numbers it).
+        used: bytes of memory in use (by any process).
+        utilisation: percent of the time the GPU was busy over the driver's last sample.
+        temperature: degrees Celsius.
+        power: watts drawn.
+    """
+
+    index: int
+    used: int | None = None
+    utilisation: float | None = None
+    temperature: float | None = None
+    power: float | None = None
+
+
+def _read(read: Callable[..., Any], *args: Any) -> Any:
+    """``read(*args)``, or None when the driver does not give that figure."""
+    try:
+        return read(*args)
+    except Exception:
+        return None
+
+
+def nvidia_telemetry(nvml: Any) -> list[Telemetry]:
+    """Each NVIDIA GPU's figures through NVML (initialised here and left so: the reads repeat).
+
+    Returns [] when NVML cannot initialise or count its devices.
+    """
+    try:
+        nvml.nvmlInit()
+        count = int(nvml.nvmlDeviceGetCount())
+    except Exception:
+        return []
+    out = []
+    for i in range(count):
+        handle = _read(nvml.nvmlDeviceGetHandleByIndex, i)
+        if handle is None:
+            continue
+        mem = _read(nvml.nvmlDeviceGetMemoryInfo, handle)
+        rates = _read(nvml.nvmlDeviceGetUtilizationRates, handle)
+        temp = _read(nvml.nvmlDeviceGetTemperature, handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
+        milliwatts = _read(nvml.nvmlDeviceGetPowerUsage, handle)
+        out.append(Telemetry(i, used=int(mem.used) if mem is not None else None,
+                             utilisation=float(rates.gpu) if rates is not None else None,
+                             temperature=float(temp) if temp is not None else None,
+                             power=milliwatts / 1000 if milliwatts is not None else None))
+    return out
+
+
+def _number(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def amd_telemetry(sysfs: Path = Path("/sys")) -> list[Telemetry]:
+    """Each AMD GPU's figures from sysfs, indexed as :func:`amd_devices` numbers them."""
+    out: list[Telemetry] = []
+    for card in _amd_cards(sysfs):
+        dev = card / "device"
+        try:
+            vendor = (dev / "vendor").read_text().strip()
+        except OSError:
+            continue
+        if vendor != AMD_VENDOR or not _number(dev / "mem_info_vram_total"):
+            continue
+        try:
+            hwmon = sorted((dev / "hwmon").iterdir())
+        except OSError:
+            hwmon = []
+        temps = [t for h in hwmon if (t := _number(h / "temp1_input")) is not None]
+        watts = [w for h in hwmon for name in ("power1_average", "power1_input")
+                 if (w := _number(h / name)) is not None]
+        busy = _number(dev / "gpu_busy_percent")
+        out.append(Telemetry(len(out), used=_number(dev / "mem_info_vram_used"),
+                             utilisation=float(busy) if busy is not None else None,
+                             temperature=temps[0] / 1000 if temps else None,
+                             power=watts[0] / 1_000_000 if watts else None))
+    return out
+
+
+class _Cached:
+    """The last telemetry read per accelerator, reused for :data:`TELEMETRY_TTL_S`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.read: dict[str, tuple[float, dict[int, Telemetry]]] = {}
+
+
+_CACHE = _Cached()
+
+
+def telemetry(accelerator: str, *, nvml: Callable[[], Any] = _load_nvml, sysfs: Path = Path("/sys"),
+              clock: Callable[[], float] = time.monotonic, cache: _Cached | None = _CACHE,
+              ) -> dict[int, Telemetry]:
+    """This node's GPU figures by device index: NVML on ``cuda``, sysfs on ``rocm``, none otherwise."""
+    if accelerator not in ("cuda", "rocm"):
+        return {}
+    now = clock()
+    if cache is not None:
+        with cache.lock:
+            seen = cache.read.get(accelerator)
+            if seen is not None and now - seen[0] < TELEMETRY_TTL_S:
+                return seen[1]
+    found: list[Telemetry] = []
+    if accelerator == "rocm":
+        found = amd_telemetry(sysfs)
+    elif (module := nvml()) is not None:
+        found = nvidia_telemetry(module)
+    figures = {t.index: t for t in found}
+    if cache is not None:
+        with cache.lock:
+            cache.read[accelerator] = (now, figures)
+    return figures
 
 
 def host_devices(kind: str = "cpu") -> list[Device]:
@@ -154,14 +296,6 @@ def visible(devices: list[Device], variable: str | None) -> list[Device]:
     except ValueError:
         return devices
     return [d for d in devices if d.index in wanted]
-
-
-def _load_nvml() -> Any:
-    try:
-        import pynvml  # type: ignore[import-untyped]
-    except ImportError:
-        return None
-    return pynvml
 
 
 def discover(
