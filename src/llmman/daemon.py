@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import logging.handlers
 import math
 import os
 import signal
@@ -40,6 +41,7 @@ from llmman.registry.credentials import CredentialStore
 from llmman.registry.puller import Puller
 from llmman.runner.argv import LaunchSpec, child_env
 from llmman.runner.binary import find_llama_server
+from llmman.runner.logfiles import BACKUPS, DAEMON_LOG, MAX_BYTES, child_log_name
 from llmman.runner.process import LlamaServerProcess
 from llmman.sched.devices import child_devices
 from llmman.sched.gpu import node_memory
@@ -87,13 +89,27 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _configure_logging(debug: bool) -> None:
+def _configure_logging(debug: bool, logs_dir: Path | None = None) -> None:
+    """The daemon's log on stderr and, with ``logs_dir``, in ``<logs_dir>/llmman.log`` too, rotated by
+    size like the children's logs (llmman.runner.logfiles; ``llmman logs`` reads it). A logs directory
+    that cannot be written leaves stderr only, said once."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[llmman] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger("llmman")
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if debug else logging.INFO)
     root.propagate = False
+    if logs_dir is not None:
+        try:
+            logs_dir.mkdir(parents=True, exist_ok=True)
+            to_file = logging.handlers.RotatingFileHandler(logs_dir / DAEMON_LOG, maxBytes=MAX_BYTES,
+                                                           backupCount=BACKUPS, encoding="utf-8")
+        except OSError as exc:
+            log.warning("cannot write the daemon log in %s (%s): logging to stderr only",
+                        logs_dir, exc.strerror or exc)
+            return
+        to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S"))
+        root.addHandler(to_file)
 
 
 def launch_spec(plan: ModelPlan) -> LaunchSpec:
@@ -131,7 +147,7 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
 
     async def launch(plan: ModelPlan, on_exit: Callable[[Runner], None]) -> Runner:
         spec = launch_spec(plan)
-        log_name = plan.key.replace("/", "_").replace(":", "_").replace("#", "_") + ".log"
+        log_name = child_log_name(plan.key)
         process = LlamaServerProcess(
             binary,
             spec,
@@ -270,7 +286,7 @@ def serve(settings: Settings, preload: str | None = None) -> int:
     Raises:
         LlmmanError: no llama-server binary could be found (before binding).
     """
-    _configure_logging(settings.debug)
+    _configure_logging(settings.debug, settings.logs_dir)
     try:  # load_settings refuses these already; a Settings built by hand must not turn keys off either
         check_keys(settings.api_keys)
     except ValueError as exc:

@@ -4,16 +4,22 @@ The daemon is started when nothing answers (:func:`llmman.cli.autostart.ensure_s
 one streamed ``POST /api/chat``: ``message.content`` goes to stdout as it arrives, ``message.thinking``
 to stderr (dimmed on a terminal). One-shot when prompt words are given or stdin is not a terminal (all
 of stdin is the prompt; an empty prompt does nothing).
+
+A cold start talks on a terminal (llmman.cli.coldstart): a model no node stores is pulled with progress
+bars first, and until the first chunk of the answer one line on stderr says what is waited for (pulling,
+copying from a peer, loading on node X), then is cleared. Piped, only the answer is printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from llmman.cli.autostart import ensure_server
 from llmman.cli.client import DaemonClient
+from llmman.cli.coldstart import load, prepare
 
 if TYPE_CHECKING:
     from llmman.config.settings import Settings
@@ -44,10 +50,12 @@ def _isatty(stream: TextIO) -> bool:
 
 
 def stream_reply(
-    client: DaemonClient, body: dict[str, Any], out: TextIO | None = None, err: TextIO | None = None
+    client: DaemonClient, body: dict[str, Any], out: TextIO | None = None, err: TextIO | None = None,
+    on_first: Callable[[], None] | None = None,
 ) -> str:
     """Stream one chat turn: content to ``out`` as it arrives, thinking to ``err``; end ``out`` with a
-    newline. Returns the full content (for the conversation history).
+    newline. ``on_first`` is called once, before the first chunk is written or when the turn ends without
+    one (it clears the cold-start line). Returns the full content (for the conversation history).
 
     Raises:
         LlmmanError: the daemon's error, before or during the stream (after a newline on ``out``).
@@ -60,6 +68,9 @@ def stream_reply(
     done = False
     try:
         for chunk in client.chat_stream(body):
+            if on_first is not None:
+                on_first()
+                on_first = None
             message = chunk.get("message") or {}
             thought = message.get("thinking")
             if thought:
@@ -79,6 +90,8 @@ def stream_reply(
                 out.flush()
         done = True
     finally:
+        if on_first is not None:
+            on_first()
         if thinking:
             err.write((_RESET if dim else "") + "\n")
             err.flush()
@@ -107,9 +120,18 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             return 0
     client = ensure_server(settings, store=getattr(args, "store", None))
     with client:
+        waiting = prepare(client, args.model, aliases=settings.aliases, out=sys.stdout, err=sys.stderr)
         if interactive:
             from llmman.cli.repl import interactive_chat
 
+            if waiting is not None:  # load it before the first prompt, saying so
+                with waiting:
+                    load(client, args.model, keep_alive=args.keepalive)
             return interactive_chat(client, args)
-        stream_reply(client, chat_body(args, [{"role": "user", "content": prompt}]))
+        if waiting is None:
+            stream_reply(client, chat_body(args, [{"role": "user", "content": prompt}]))
+        else:
+            with waiting:
+                stream_reply(client, chat_body(args, [{"role": "user", "content": prompt}]),
+                             on_first=waiting.stop)
     return 0

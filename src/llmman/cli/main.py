@@ -35,6 +35,7 @@ _HANDLERS = {
     "drain": "commands_drain:cmd_drain",
     "undrain": "commands_drain:cmd_undrain",
     "nodes": "commands_nodes:cmd_nodes",
+    "logs": "commands_logs:cmd_logs",
     "config": "commands_daemon:cmd_config",
     "list": "commands_store:cmd_list",
     "rm": "commands_store:cmd_rm",
@@ -125,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("node", nargs="?", help="the node's name or host:port (default: this one)")
     p = _verb(sub, "nodes", "Show the pool: this node and its peers, their state and load")
     p.add_argument("--json", action="store_true", help="print /llmman/pool as JSON")
+    p = _verb(sub, "logs", "Show the daemon's log, or a model's llama-server log, of any node of the pool")
+    p.add_argument("model", nargs="?", help="the model whose llama-server log to show (else the daemon's)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
+    p.add_argument("-n", "--lines", type=int, default=100, metavar="N", help="print the last N lines first "
+                   "(default 100; 0 = none)")
+    p.add_argument("--node", help="another node's logs: its name or host:port (default: this one)")
 
     p = _verb(sub, "list", "List stored models", store=True, aliases=("ls",))
     p.add_argument("filter", nargs="?", help="only this reference (any tag when untagged)")

@@ -1,4 +1,4 @@
-"""A llama-server child's output: a ring buffer of recent lines plus an append-only per-model log file.
+"""A llama-server child's output: a ring buffer of recent lines plus a per-model log file, rotated by size.
 
 llama-server logs asynchronously through a bounded queue and blocks when its pipe is full
 (llama.cpp ``common/log.cpp``), so the owner reads the pipes continuously and hands every chunk
@@ -9,6 +9,9 @@ Writing the file never stops supervision: a log file system that is full or fail
 loses the lines that cannot be written. The pipes are still drained and the ring still fills, every
 later line is tried again (so the file resumes once there is room), and the daemon's log says so once
 per child (:data:`logger`), not once per line.
+
+The file is rotated like the daemon's own log (llmman.runner.logfiles): a write that would take it past
+``max_bytes`` first moves it to ``<name>.log.1`` (keeping ``backups`` old files) and starts a new one.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from llmman.runner import logfiles
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +40,12 @@ class ChildLog:
     No method raises for a failing log file (see the module docstring); ``dropped`` counts the lines lost.
     """
 
-    def __init__(self, path: Path, *, ring_lines: int) -> None:
+    def __init__(self, path: Path, *, ring_lines: int, max_bytes: int = logfiles.MAX_BYTES,
+                 backups: int = logfiles.BACKUPS) -> None:
         self.path = path
+        self.max_bytes = max_bytes  # 0 = never rotated
+        self.backups = backups
+        self._size = 0  # bytes in the current file
         self._ring: collections.deque[str] = collections.deque(maxlen=max(1, ring_lines))
         self._pending: dict[str, bytes] = {}
         self._file: BinaryIO | None = None
@@ -51,6 +61,7 @@ class ChildLog:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 # Unbuffered: a write that fails loses that text only, never a buffer retried forever.
                 self._file = self.path.open("ab", buffering=0)
+                self._size = os.fstat(self._file.fileno()).st_size
             except OSError as exc:
                 self._failed(exc)
 
@@ -111,11 +122,31 @@ class ChildLog:
 
     def _write(self, text: str) -> None:
         if self._file is not None:
+            data = text.encode("utf-8", errors="replace")
             try:
-                self._file.write(text.encode("utf-8", errors="replace"))
+                if self.max_bytes and self._size and self._size + len(data) > self.max_bytes:
+                    self._rotate()
+                if self._file is not None:
+                    self._size += self._file.write(data) or 0
             except OSError as exc:
                 self.dropped += 1
                 self._failed(exc)
+
+    def _rotate(self) -> None:
+        """Start a new file: the current one becomes ``.1`` (llmman.runner.logfiles.rotate).
+
+        Raises:
+            OSError: a rename failed (the current file is reopened: its line is lost, the next write tries
+                again), or the path cannot be opened again (then only the ring is kept).
+        """
+        assert self._file is not None
+        file, self._file = self._file, None
+        file.close()
+        try:
+            logfiles.rotate(self.path, self.backups)
+        finally:
+            self._file = self.path.open("ab", buffering=0)
+            self._size = os.fstat(self._file.fileno()).st_size
 
     def _failed(self, exc: OSError) -> None:
         if not self._warned:
