@@ -28,13 +28,21 @@ import pytest
 
 from tests.fakes.fake_llama_server import make_launcher as make_fake_binary
 from tests.fakes.inprocess import make_store
-from tests.integration.daemons import HOP, Daemon, free_port, start_daemon, wait_until
+from tests.integration.daemons import (
+    HOP,
+    Daemon,
+    free_port,
+    local_ps,
+    local_tags,
+    start_daemon,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 HOSTS = {"alpha": "127.0.0.41", "bravo": "127.0.0.42"}
 KEY = "dashboard-secret-key"
-TINY, SOLO = "docker.io/ai/tiny:latest", "docker.io/ai/solo:latest"
+TINY, SOLO, BONLY = "docker.io/ai/tiny:latest", "docker.io/ai/solo:latest", "docker.io/ai/bonly:latest"
 CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
@@ -69,7 +77,7 @@ def _fake_env(tmp: Path, name: str) -> dict[str, str]:
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     browser_available()
     ports = {name: free_port(host) for name, host in HOSTS.items()}
-    stores = {"alpha": ("tiny", "solo"), "bravo": ("tiny",)}
+    stores = {"alpha": ("tiny", "solo"), "bravo": ("tiny", "bonly")}
     started: list[Daemon] = []
     try:
         nodes = {}
@@ -174,13 +182,9 @@ def test_the_page_shows_both_nodes_and_a_model_loaded_on_the_peer(pool: Pool, br
     # its slots come from the pool view, which shows the peer's load by the next background refresh
     until(browser, lambda: [TINY, "bravo", "2"] in [r[:2] + r[3:4] for r in rows(browser, "loaded")],
           "tiny shown loaded on bravo with its 2 slots")
-    stored = {row[0]: row[1] for row in rows(browser, "stored")}
-    assert stored == {TINY: "alpha", SOLO: "alpha"}  # /api/tags lists a model stored on both nodes once
+    stored = sorted((row[0], row[1]) for row in rows(browser, "stored"))  # each node's store
+    assert stored == [(BONLY, "bravo"), (SOLO, "alpha"), (TINY, "alpha"), (TINY, "bravo")]
     assert severe(browser) == []
-    shot = os.environ.get("LLMMAN_DASHBOARD_SHOT")
-    if shot:
-        until(browser, lambda: len(rows(browser, "requests")) > 0, "the request log filled")
-        browser.save_screenshot(shot)
 
 
 def test_load_and_unload_from_the_page_change_api_ps(pool: Pool, browser: Any) -> None:
@@ -188,13 +192,33 @@ def test_load_and_unload_from_the_page_change_api_ps(pool: Pool, browser: Any) -
     browser.get(alpha.url + "/ui")
     until(browser, lambda: any(row[0] == SOLO for row in rows(browser, "stored")), "solo listed")
     assert not any(name == SOLO for name, _ in ps(alpha))
-    browser.find_element("css selector", f"#stored tr[data-model='{SOLO}'] button.load").click()
+    row = f"tr[data-model='{SOLO}'][data-node='alpha']"
+    browser.find_element("css selector", f"#stored {row} button.load").click()
     wait_until(lambda: any(name == SOLO for name, _ in ps(alpha)), "solo loaded by the page")
     until(browser, lambda: any(r[0] == SOLO for r in rows(browser, "loaded")), "solo shown loaded")
-    browser.find_element("css selector", f"#loaded tr[data-model='{SOLO}'] button.unload").click()
+    browser.find_element("css selector", f"#loaded {row} button.unload").click()
     wait_until(lambda: not any(name == SOLO for name, _ in ps(alpha)), "solo unloaded by the page")
     until(browser, lambda: not any(row[0] == SOLO for row in rows(browser, "loaded")),
           "solo gone from the page")
+    assert severe(browser) == []
+
+
+def test_load_unload_and_delete_on_the_peer_from_the_page(pool: Pool, browser: Any) -> None:
+    alpha, bravo = pool.nodes["alpha"], pool.nodes["bravo"]
+    browser.get(alpha.url + "/ui")  # bonly is bravo's alone: each call goes there through /llmman/on/
+    row = f"#stored tr[data-model='{BONLY}'][data-node='bravo']"
+    until(browser, lambda: bool(browser.find_elements("css selector", row)), "bonly listed on bravo")
+    browser.find_element("css selector", row + " button.load").click()
+    wait_until(lambda: BONLY in local_ps(bravo), "bonly loaded on bravo by alpha's page")
+    assert BONLY not in local_ps(alpha)
+    loaded = f"#loaded tr[data-model='{BONLY}'][data-node='bravo']"
+    until(browser, lambda: bool(browser.find_elements("css selector", loaded)), "bonly shown loaded on bravo")
+    browser.find_element("css selector", loaded + " button.unload").click()
+    wait_until(lambda: BONLY not in local_ps(bravo), "bonly unloaded on bravo by alpha's page")
+    browser.find_element("css selector", row + " button.delete").click()
+    browser.switch_to.alert.accept()
+    wait_until(lambda: BONLY not in local_tags(bravo), "bonly deleted from bravo's store by alpha's page")
+    until(browser, lambda: not browser.find_elements("css selector", row), "bonly gone from the page")
     assert severe(browser) == []
 
 
@@ -212,6 +236,16 @@ def test_the_request_log_shows_a_request_sent_by_the_test(pool: Pool, browser: A
     until(browser, shown, "bravo's /v1/chat/completions row in alpha's page")
     until(browser, lambda: any(row[1] == "bravo" for row in rows(browser, "stats")), "bravo's stats shown")
     assert browser.find_elements("css selector", "#chart-tps polyline, #chart-tps circle")
+    shot = os.environ.get("LLMMAN_DASHBOARD_SHOT")
+    if shot:  # a few more answers on both nodes, so that the charts have a line
+        for i in range(6):
+            d = (alpha, bravo)[i % 2]
+            httpx.post(d.url + "/api/chat", headers=HOP, timeout=60, json={
+                "model": "tiny", "messages": [{"role": "user", "content": f"hi {i}"}], "stream": False,
+            }).raise_for_status()
+        until(browser, lambda: len(rows(browser, "requests")) >= 12 and len(rows(browser, "loaded")) == 2,
+              "the log and both loads shown")
+        browser.save_screenshot(shot)
     browser.find_element("id", "f-node").send_keys("alpha")
     browser.execute_script("document.getElementById('filters').dispatchEvent(new Event('change'))")
     until(browser, lambda: not any(row[1] == "bravo" for row in rows(browser, "requests")),

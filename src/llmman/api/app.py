@@ -62,6 +62,7 @@ def build_app(services: Services) -> Starlette:
         Route("/llmman/devices", ui.devices, methods=["GET"]),
         Route("/ui", ui.page, methods=["GET", "HEAD"]),
         Route("/ui/{name}", ui.page, methods=["GET", "HEAD"]),
+        Route("/llmman/on/{node}/api/{name}", ui.on_node, methods=["GET", "POST", "DELETE"]),
         *transfer_routes(),
         Route("/v1/messages", anthropic.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),

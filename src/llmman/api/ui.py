@@ -15,25 +15,32 @@ anything from elsewhere, so the page cannot load a script, style or font from ou
 
 ``devices`` is the ``/llmman/node`` list of each node (llmman.cluster.state.node_document); without
 ``pool=1`` only this node is listed, and a peer that does not answer is left out.
+
+``/llmman/on/{node}/api/{name}`` makes one of the dashboard's model calls on a given node of the pool
+(:data:`ON_NODE`: ``GET tags``, ``POST generate`` (load, unload), ``POST pull``, ``DELETE delete``): ``node``
+is a peer's ``host:port`` or name, and the call goes to it with the peer headers (the hop mark, so that the
+peer answers for itself, and the peer key); its answer, streamed (a pull's NDJSON progress), is this one's.
+Naming this node answers ``307`` to ``/api/{name}`` (the hop mark makes ``/api/tags`` this node's own).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response, StreamingResponse
 
 from llmman.api.ollama_infer import json_response
 from llmman.api.services import Services
-from llmman.cluster.peers import peer_name
+from llmman.cluster.peers import Peers, peer_name
 from llmman.cluster.state import node_document
 from llmman.config.table import HostAddress
-from llmman.errors import NotFound
+from llmman.errors import LlmmanError, NotFound
 
 FILES = Path(__file__).resolve().parent.parent / "ui"
 """The dashboard's files (``src/llmman/ui``)."""
@@ -91,3 +98,54 @@ async def devices(request: Request) -> Response:
 
         nodes += [n for n in await asyncio.gather(*(one(a) for a in peers.up())) if n is not None]
     return json_response({"nodes": nodes})
+
+
+ON_NODE = frozenset({("GET", "tags"), ("POST", "generate"), ("POST", "pull"), ("DELETE", "delete")})
+"""The calls ``/llmman/on/{node}/api/{name}`` passes on: ``(method, name)``."""
+
+
+def _peer(peers: Peers | None, node: str) -> HostAddress | None:
+    """The configured peer named ``node`` (its ``host:port``, or the name it reports), or None."""
+    for state in peers.states() if peers else []:
+        seen = state.seen.view.node if state.seen is not None else ""
+        if node in (peer_name(state.address), seen):
+            return state.address
+    return None
+
+
+async def on_node(request: Request) -> Response:
+    """``/llmman/on/{node}/api/{name}`` (see the module docstring).
+
+    Raises:
+        NotFound: a call not in :data:`ON_NODE`, or a node that is not in the pool.
+        LlmmanError: 502 when the peer cannot be reached.
+    """
+    services: Services = request.app.state.services
+    settings = services.settings
+    node, name = request.path_params["node"], request.path_params["name"]
+    if (request.method, name) not in ON_NODE:
+        raise NotFound(f"no dashboard call {request.method} /api/{name}")
+    if node in (settings.node_name, settings.host.netloc):
+        return RedirectResponse(f"/api/{name}", status_code=307)
+    peers = services.peers
+    address = _peer(peers, node)
+    if peers is None or address is None:
+        raise NotFound(f"no node {node!r} in the pool")
+    headers = {**peers.headers(), "Content-Type": request.headers.get("content-type", "application/json")}
+    try:
+        answer = await peers.session.request(
+            request.method, address.client_url() + f"/api/{name}", data=await request.body(), headers=headers,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=peers.timeout))
+    except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+        raise LlmmanError(f"node {node} cannot be reached: {exc}", status=502,
+                          code="peer_unreachable") from None
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in answer.content.iter_any():
+                yield chunk
+        finally:
+            answer.release()
+
+    return StreamingResponse(body(), status_code=answer.status,
+                             media_type=answer.headers.get("content-type", "application/json"))

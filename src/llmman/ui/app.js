@@ -103,15 +103,8 @@ function renderNodes(nodes, devices) {
 
 // Models -----------------------------------------------------------------------------------------------
 
-function nodeOf(entry) {
-  // /api/ps and /api/tags name "local" or the peer's host:port; show the node's own name.
-  const where = entry.node;
-  const found = view.pool.find((n) => (where === undefined || where === "local") ? n.self : n.address === where);
-  return found ? found.name : (where || "");
-}
-
 function poolLoad(entry) {
-  const node = view.pool.find((n) => n.name === nodeOf(entry));
+  const node = psNode(entry);
   if (!node) return null;
   for (const [ref, load] of Object.entries(node.models || {})) {
     if (ref === entry.name || ref.endsWith("/" + entry.name) || ref === entry.model) return load;
@@ -140,51 +133,84 @@ async function action(what, run) {
   refresh();
 }
 
-const load = (model) => action("loading " + model, () => api("/api/generate", {
-  method: "POST", headers: { "Content-Type": "application/json" },
-  body: JSON.stringify({ model: model, keep_alive: "5m", stream: false }) }));
+function on(node, name) {
+  // This node's own route, or /llmman/on/<host:port>/api/<name> to make the call on a peer.
+  return node.self ? "/api/" + name : "/llmman/on/" + encodeURIComponent(node.address) + "/api/" + name;
+}
 
-const unload = (model) => action("unloading " + model, () => api("/api/generate", {
-  method: "POST", headers: { "Content-Type": "application/json" },
-  body: JSON.stringify({ model: model, keep_alive: 0, stream: false }) }));
+const post = (node, name, body) => api(on(node, name), {
+  method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
 
-function remove(model) {
-  if (!window.confirm("Delete " + model + " from this node's store?")) return;
-  action("deleting " + model, () => api("/api/delete", {
+const load = (node, model) => action("loading " + model + " on " + node.name,
+  () => post(node, "generate", { model: model, keep_alive: "5m", stream: false }));
+
+const unload = (node, model) => action("unloading " + model + " on " + node.name,
+  () => post(node, "generate", { model: model, keep_alive: 0, stream: false }));
+
+function remove(node, model) {
+  if (!window.confirm("Delete " + model + " from " + node.name + "'s store?")) return;
+  action("deleting " + model + " on " + node.name, () => api(on(node, "delete"), {
     method: "DELETE", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ model: model }) }));
+}
+
+function psNode(entry) {
+  // /api/ps names "local" or the peer's host:port.
+  const where = entry.node;
+  return view.pool.find((n) => (where === undefined || where === "local") ? n.self : n.address === where);
 }
 
 function renderLoaded(ps) {
   fill($("loaded").tBodies[0], ps.map((m) => {
+    const node = psNode(m);
     const l = poolLoad(m) || {};
-    return el("tr", { "data-model": m.name },
-      el("td", {}, m.name), el("td", {}, nodeOf(m)), el("td", { class: "num" }, bytes(m.size)),
+    return el("tr", { "data-model": m.name, "data-node": node ? node.name : "" },
+      el("td", {}, m.name), el("td", {}, node ? node.name : m.node), el("td", { class: "num" }, bytes(m.size)),
       el("td", { class: "num" }, l.slots ?? "–"), el("td", { class: "num" }, l.in_flight ?? "–"),
       el("td", { class: "num" }, l.queued ?? "–"), el("td", {}, l.loading ? "loading" : expires(m.expires_at)),
-      el("td", {}, el("button", { type: "button", class: "unload", onclick: () => unload(m.name) }, "Unload")));
+      el("td", {}, node ? el("button", { type: "button", class: "unload", onclick: () => unload(node, m.name) },
+        "Unload") : null));
   }));
 }
 
-function renderStored(tags) {
-  fill($("stored").tBodies[0], tags.map((m) => el("tr", { "data-model": m.name },
-    el("td", {}, m.name), el("td", {}, nodeOf(m)), el("td", { class: "num" }, bytes(m.size)),
+async function storedOn(node) {
+  // Each node's own store: the hop mark makes /api/tags this node's alone; a peer's through /llmman/on/.
+  try {
+    const tags = await json(on(node, "tags"), { headers: { "x-llmman-hop": "1" } });
+    return (tags.models || []).map((m) => [node, m]);
+  } catch (e) {
+    if (e instanceof Unauthorized) throw e;
+    return [];
+  }
+}
+
+function renderStored(stored) {
+  fill($("stored").tBodies[0], stored.map(([node, m]) => el("tr", { "data-model": m.name, "data-node": node.name },
+    el("td", {}, m.name), el("td", {}, node.name), el("td", { class: "num" }, bytes(m.size)),
     el("td", {},
-      el("button", { type: "button", class: "load", onclick: () => load(m.name) }, "Load"), " ",
-      m.node === undefined || m.node === "local"
-        ? el("button", { type: "button", class: "danger", onclick: () => remove(m.name) }, "Delete") : null))));
+      el("button", { type: "button", class: "load", onclick: () => load(node, m.name) }, "Load"), " ",
+      el("button", { type: "button", class: "delete danger", onclick: () => remove(node, m.name) }, "Delete")))));
+}
+
+function renderPullNodes(nodes) {
+  const select = $("pull-node");
+  const wanted = select.value;
+  const up = nodes.filter((n) => n.state !== "down");
+  if (select.options.length === up.length && up.every((n, i) => select.options[i].value === n.address)) return;
+  select.replaceChildren(...up.map((n) => el("option", { value: n.address }, "on " + n.name)));
+  if (up.some((n) => n.address === wanted)) select.value = wanted;
 }
 
 async function pull(event) {
   event.preventDefault();
   const name = $("pull-name").value.trim();
+  const node = view.pool.find((n) => n.address === $("pull-node").value) || view.pool[0];
   const progress = $("pull-progress");
   const status = $("pull-status");
   progress.classList.remove("hidden");
   progress.value = 0;
-  status.textContent = "pulling " + name + "…";
+  status.textContent = "pulling " + name + " on " + node.name + "…";
   try {
-    const r = await api("/api/pull", { method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ model: name, stream: true }) });
+    const r = await post(node, "pull", { model: name, stream: true });
     const reader = r.body.getReader();
     const decoder = new TextDecoder();
     let buffered = "";
@@ -268,16 +294,18 @@ function renderStats(stats) {
 async function refresh() {
   clearTimeout(timer);
   try {
-    const [pool, devices, ps, tags, requests, stats] = await Promise.all([
-      json("/llmman/pool"), json("/llmman/devices?pool=1"), json("/api/ps"), json("/api/tags"),
-      json("/llmman/requests?" + requestQuery()),
-      json("/llmman/stats?pool=1&window=" + encodeURIComponent($("f-since").value))]);
+    const pool = await json("/llmman/pool");
+    const up = pool.nodes.filter((n) => n.state !== "down");
+    const [devices, ps, requests, stats, ...stored] = await Promise.all([
+      json("/llmman/devices?pool=1"), json("/api/ps"), json("/llmman/requests?" + requestQuery()),
+      json("/llmman/stats?pool=1&window=" + encodeURIComponent($("f-since").value)), ...up.map(storedOn)]);
     view = { pool: pool.nodes, ps: ps.models, devices: {} };
     for (const n of devices.nodes) view.devices[n.address] = n.devices;
     showMain();
     renderNodes(pool.nodes, view.devices);
+    renderPullNodes(pool.nodes);
     renderLoaded(ps.models || []);
-    renderStored(tags.models || []);
+    renderStored(stored.flat());
     renderRequests(requests.requests || []);
     renderStats(stats.stats || []);
     $("status").textContent = "updated " + new Date().toLocaleTimeString();
