@@ -89,10 +89,12 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _configure_logging(debug: bool, logs_dir: Path | None = None) -> None:
-    """The daemon's log on stderr and, with ``logs_dir``, in ``<logs_dir>/llmman.log`` too, rotated by
-    size like the children's logs (llmman.runner.logfiles; ``llmman logs`` reads it). A logs directory
-    that cannot be written leaves stderr only, said once."""
+def _configure_logging(debug: bool, logs_dir: Path | None = None, *, max_bytes: int = MAX_BYTES,
+                       backups: int = BACKUPS) -> None:
+    """The daemon's log on stderr and, with ``logs_dir``, in ``<logs_dir>/llmman.log`` too, rotated past
+    ``max_bytes`` keeping ``backups`` old files like the children's logs (``log.file_size``,
+    ``log.file_count``; llmman.runner.logfiles; ``llmman logs`` reads it). A logs directory that cannot
+    be written leaves stderr only, said once."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[llmman] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger("llmman")
@@ -102,8 +104,8 @@ def _configure_logging(debug: bool, logs_dir: Path | None = None) -> None:
     if logs_dir is not None:
         try:
             logs_dir.mkdir(parents=True, exist_ok=True)
-            to_file = logging.handlers.RotatingFileHandler(logs_dir / DAEMON_LOG, maxBytes=MAX_BYTES,
-                                                           backupCount=BACKUPS, encoding="utf-8")
+            to_file = logging.handlers.RotatingFileHandler(logs_dir / DAEMON_LOG, maxBytes=max_bytes,
+                                                           backupCount=backups, encoding="utf-8")
         except OSError as exc:
             log.warning("cannot write the daemon log in %s (%s): logging to stderr only",
                         logs_dir, exc.strerror or exc)
@@ -154,6 +156,7 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
             # a preset's devices in every *_VISIBLE_DEVICES, else the devices admission placed it on
             env=device_env(env, plan.devices) | child_devices(plan.placement, plan.devices).variables,
             log_path=settings.logs_dir / log_name,
+            log_limits=(settings.file_size, settings.file_count),  # log.file_size, log.file_count
             stall_timeout=settings.load_timeout,
             on_exit=on_exit,
             health_interval=settings.health_interval,  # the hung-child watchdog (runner.health)
@@ -286,7 +289,8 @@ def serve(settings: Settings, preload: str | None = None) -> int:
     Raises:
         LlmmanError: no llama-server binary could be found (before binding).
     """
-    _configure_logging(settings.debug, settings.logs_dir)
+    _configure_logging(settings.debug, settings.logs_dir, max_bytes=settings.file_size,
+                       backups=settings.file_count)
     try:  # load_settings refuses these already; a Settings built by hand must not turn keys off either
         check_keys(settings.api_keys)
     except ValueError as exc:

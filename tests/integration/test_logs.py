@@ -46,7 +46,8 @@ class Pool:
 def fake_daemon(tmp: Path, env: dict[str, str], names: tuple[str, ...], *, host: str, port: int) -> Daemon:
     make_store(tmp, names)
     (tmp / "bin").mkdir()
-    per_model = {ref("gated"): {"FAKE_LOAD_GATE": str(tmp / "gate")}}
+    per_model = {ref("gated"): {"FAKE_LOAD_GATE": str(tmp / "gate")},
+                 ref("late"): {"FAKE_LOAD_GATE": str(tmp / "gate-late")}}
     return start_daemon(tmp, host=host, port=port, extra_env={
         "LLMMAN_LLAMA_SERVER": str(make_fake_binary(tmp / "bin")), "LLMMAN_MEMORY": "4GB",
         "LLMMAN_API_KEYS": "pool", "FAKE_REPLY": REPLY, "FAKE_PER_MODEL": json.dumps(per_model), **env})
@@ -58,7 +59,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     ports = free_port(hosts[0]), free_port(hosts[1])
     back_dir = tmp_path_factory.mktemp("bee")
     back = fake_daemon(back_dir, {"LLMMAN_NODE_NAME": "bee", "LLMMAN_PEERS": f"{hosts[0]}:{ports[0]}"},
-                       ("tiny", "gated", "cold"), host=hosts[1], port=ports[1])
+                       ("tiny", "gated", "late", "cold"), host=hosts[1], port=ports[1])
     try:
         front = fake_daemon(tmp_path_factory.mktemp("ay"), {
             "LLMMAN_NODE_NAME": "ay", "LLMMAN_PEERS": f"{hosts[1]}:{ports[1]}"}, (),
@@ -164,10 +165,11 @@ def test_the_front_node_returns_the_peers_log(tiny_loaded: Pool) -> None:
     assert hopped.status_code == 404  # a hop is the node's own: never sent on
 
 
-def cli(d: Daemon, *args: str, **kwargs: object) -> subprocess.Popen[str]:
+def cli(d: Daemon, *args: str, stdin: int | None = subprocess.DEVNULL, stdout: int = subprocess.PIPE,
+        stderr: int = subprocess.PIPE) -> subprocess.Popen[str]:
     env = {**d.env, "LLMMAN_API_KEY": "pool"}
     return subprocess.Popen([sys.executable, "-m", "llmman", *args], env=env, text=True, cwd=d.home,
-                            **kwargs)  # type: ignore[call-overload]
+                            stdin=stdin, stdout=stdout, stderr=stderr)
 
 
 def test_llmman_logs_prints_the_lines_of_any_node(tiny_loaded: Pool) -> None:
@@ -175,56 +177,112 @@ def test_llmman_logs_prints_the_lines_of_any_node(tiny_loaded: Pool) -> None:
     assert chat(back, "tiny") == REPLY
     expected = logs(back, model="tiny", tail="3").text
     for d, extra in ((back, ()), (front, ("--node", "bee"))):
-        proc = cli(d, "logs", "tiny", "-n", "3", *extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = cli(d, "logs", "tiny", "-n", "3", *extra)
         out, err = proc.communicate(timeout=60)
         assert (proc.returncode, out, err) == (0, expected, "")
-    proc = cli(front, "logs", "never-loaded", "--node", "bee", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = cli(front, "logs", "never-loaded", "--node", "bee")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and out == "" and "no log on this node" in err, err
 
 
-def _read_pty(master: int, sink: bytearray, seen: threading.Condition) -> None:
-    while True:
-        ready, _, _ = select.select([master], [], [], 60)
-        if not ready:
-            return
+class Terminal:
+    """``llmman ARGS`` on a pseudo-terminal (stdin too with ``interactive``); what it prints, collected."""
+
+    def __init__(self, d: Daemon, *args: str, interactive: bool = False) -> None:
+        self.master, slave = os.openpty()
+        stdin = slave if interactive else subprocess.DEVNULL
+        self.proc = cli(d, *args, stdin=stdin, stdout=slave, stderr=slave)
+        os.close(slave)
+        self.output = bytearray()
+        self._seen = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.master], [], [], 60)
+            if not ready:
+                return
+            try:
+                data = os.read(self.master, 4096)
+            except OSError:  # EIO: every writer closed the terminal
+                return
+            if not data:
+                return
+            with self._seen:
+                self.output.extend(data)
+                self._seen.notify_all()
+
+    def wait_for(self, text: str, after: int = 0) -> int:
+        """Wait (60 s at most) until ``text`` is printed at or after ``after``; its position."""
+        with self._seen:
+            found = self._seen.wait_for(lambda: self.output.find(text.encode(), after) >= 0, timeout=60)
+            assert found, bytes(self.output)
+            return self.output.find(text.encode(), after)
+
+    def type(self, line: str) -> None:
+        os.write(self.master, line.encode() + b"\n")
+
+    def close(self) -> str:
+        """Wait for the command to end; everything it printed."""
         try:
-            data = os.read(master, 4096)
-        except OSError:  # EIO: every writer closed the terminal
-            return
-        if not data:
-            return
-        with seen:
-            sink.extend(data)
-            seen.notify_all()
+            assert self.proc.wait(timeout=60) == 0, bytes(self.output)
+            self._reader.join(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            os.close(self.master)
+        return bytes(self.output).decode()
 
 
 def test_llmman_run_on_a_terminal_says_where_a_cold_model_loads_then_answers(pool: Pool) -> None:
-    master, slave = os.openpty()
-    proc = cli(pool.front, "run", "gated", "hi", stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
-    os.close(slave)
-    output = bytearray()
-    seen = threading.Condition()
-    reader = threading.Thread(target=_read_pty, args=(master, output, seen))
-    reader.start()
-    try:
-        with seen:
-            assert seen.wait_for(lambda: b"loading gated on bee" in output, timeout=60), bytes(output)
-        pool.gate.touch()  # the load finishes: the answer comes
-        assert proc.wait(timeout=60) == 0
-        reader.join(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
-    text = bytes(output).decode()
+    term = Terminal(pool.front, "run", "gated", "hi")
+    term.wait_for("loading gated on bee…")  # ay stores nothing: bee loads it, /api/ps on ay says so
+    pool.gate.touch()  # the load finishes: the answer comes
+    text = term.close()
     spinner = text.rindex("loading gated on bee")
     assert text.index(CLEAR, spinner) < text.index(REPLY), text  # the line is cleared before the answer
     assert text.rstrip().endswith(REPLY), text
 
 
+def test_an_interactive_run_loads_the_model_saying_so_before_its_first_prompt(pool: Pool) -> None:
+    term = Terminal(pool.front, "run", "late", interactive=True)
+    spinner = term.wait_for("loading late on bee…")
+    assert b">>> " not in term.output  # no prompt while it loads
+    pool.gate.with_name("gate-late").touch()
+    prompt = term.wait_for(">>> ", spinner)
+    assert term.output.find(CLEAR.encode(), spinner) < prompt
+    term.type("hi")
+    answer = term.wait_for(REPLY, prompt)
+    term.wait_for(">>> ", answer)
+    term.type("/bye")
+    term.close()
+
+
 def test_llmman_run_piped_prints_the_answer_alone(pool: Pool) -> None:
-    proc = cli(pool.front, "run", "cold", "hi", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-               stderr=subprocess.PIPE)
+    proc = cli(pool.front, "run", "cold", "hi")
     out, err = proc.communicate(timeout=120)
     assert (proc.returncode, out, err) == (0, REPLY + "\n", "")
+
+
+def test_log_file_size_rotates_a_models_log_and_the_route_reads_across(tmp_path: Path) -> None:
+    """``log.file_size`` / ``log.file_count`` reach the children's logs: loads and unloads grow the log
+    past 2 KiB, it is rotated with one old file kept, and the route's tail spans both files."""
+    d = fake_daemon(tmp_path, {"LLMMAN_LOG_FILE_SIZE": "2KiB", "LLMMAN_LOG_FILE_COUNT": "1"}, ("tiny",),
+                    host="127.0.0.1", port=free_port())
+    try:
+        logs_dir = d.store.parent / "logs"
+        current, old = logs_dir / LOG_NAME.format("tiny"), logs_dir / (LOG_NAME.format("tiny") + ".1")
+        for _ in range(50):
+            assert chat(d, "tiny") == REPLY
+            unload(d, "tiny")
+            if old.exists() and current.exists() and current.stat().st_size:
+                break
+        assert old.exists(), sorted(p.name for p in logs_dir.iterdir())
+        assert not (logs_dir / (LOG_NAME.format("tiny") + ".2")).exists()
+        assert old.stat().st_size <= 2048 and current.stat().st_size <= 2048
+        both = old.read_text().splitlines() + current.read_text().splitlines()
+        n = len(current.read_text().splitlines()) + 2  # reaches back into the rotated file
+        assert logs(d, model="tiny", tail=str(n)).text.splitlines() == both[-n:]
+    finally:
+        d.stop()

@@ -81,16 +81,16 @@ def log_path(services: Services, model: str, *, embedding: bool = False) -> Path
             raise ModelNotFound(model) from None
     key = reference + "#embedding" if embedding else reference
     path = logs_dir / logfiles.child_log_name(key)
-    if not logfiles.exists(path):
+    if not logfiles.exists(path, services.settings.file_count):
         raise NotFound(f"model {model!r} has no log on this node (it was never loaded here)")
     return path
 
 
-def _followed(path: Path, tail: int) -> AsyncIterator[bytes]:
+def _followed(path: Path, tail: int, backups: int) -> AsyncIterator[bytes]:
     """The last ``tail`` lines, then each new one. The tail is read and the file opened for following
     now, in the handler (before the answer starts, and with no await between them: this daemon writes its
     logs from the event loop), so no line is missed or sent twice."""
-    old = "".join(line + "\n" for line in logfiles.tail(path, tail)).encode("utf-8")
+    old = "".join(line + "\n" for line in logfiles.tail(path, tail, backups)).encode("utf-8")
     return _emit(old, logfiles.Follower(path))
 
 
@@ -116,9 +116,9 @@ async def logs(request: Request) -> Response:
         return await _from_peer(services, address, query)
     path = log_path(services, params.get("model", "").strip(), embedding=_flag(request, "embedding"))
     if not follow:
-        text = "".join(line + "\n" for line in logfiles.tail(path, tail))
+        text = "".join(line + "\n" for line in logfiles.tail(path, tail, services.settings.file_count))
         return Response(text, media_type=TEXT)
-    return StreamingResponse(_followed(path, tail), media_type=TEXT)
+    return StreamingResponse(_followed(path, tail, services.settings.file_count), media_type=TEXT)
 
 
 async def _from_peer(services: Services, address: HostAddress, query: dict[str, str]) -> Response:

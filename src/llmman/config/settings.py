@@ -103,6 +103,8 @@ class Settings:
     bodies: str = "off"
     retention: float = 7 * 86400.0
     max_size: int = 256 << 20
+    file_size: int = 10 << 20
+    file_count: int = 3
     scrape_key: str = ""
     api_keys: str = ""
     enforce: bool = True

@@ -2,10 +2,10 @@
 
 Every log llmman writes (the daemon's own ``llmman.log`` and one ``<model>.log`` per llama-server child,
 all under ``<data_dir>/logs``) is rotated the same way, the way :class:`logging.handlers.RotatingFileHandler`
-does: when a write would take the file past :data:`MAX_BYTES`, ``name.log.2`` becomes ``name.log.3``,
-``name.log.1`` becomes ``name.log.2``, ``name.log`` becomes ``name.log.1`` and a new ``name.log`` is
-started; :data:`BACKUPS` old files are kept, older ones are deleted. So a model's logs never take more
-than ``(BACKUPS + 1) * MAX_BYTES`` of disk.
+does: when a write would take the file past ``log.file_size`` (default :data:`MAX_BYTES`), ``name.log.2``
+becomes ``name.log.3``, ``name.log.1`` becomes ``name.log.2``, ``name.log`` becomes ``name.log.1`` and a
+new ``name.log`` is started; ``log.file_count`` (default :data:`BACKUPS`) old files are kept, older ones
+are deleted. So a model's logs never take much more than ``(file_count + 1) * file_size`` of disk.
 
 :func:`tail` reads the last lines (going back into ``name.log.1`` and beyond when the current file is
 short); :func:`follow` yields the lines written after it started, across rotations: when the file at the
@@ -22,8 +22,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import BinaryIO
 
-MAX_BYTES = 10 * 1024 * 1024  # a log file is rotated before it grows past this
-BACKUPS = 3  # rotated files kept beside the current one (name.log.1 .. name.log.3)
+MAX_BYTES = 10 * 1024 * 1024  # a log file is rotated before it grows past this (log.file_size's default)
+BACKUPS = 3  # rotated files kept beside the current one, name.log.1 .. name.log.3 (log.file_count's)
 DAEMON_LOG = "llmman.log"  # the daemon's own log in the logs directory
 FOLLOW_POLL_S = 0.25  # how often follow() looks for new bytes once it has read everything
 _BLOCK = 64 * 1024

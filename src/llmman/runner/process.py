@@ -25,6 +25,7 @@ from llmman.runner.binary import free_port
 from llmman.runner.child import BindFailed, Child, load_exit_error, poll_health, signal_group, spawn, url
 from llmman.runner.crash import Cause, classify
 from llmman.runner.health import WatchdogPolicy, watch
+from llmman.runner.logfiles import BACKUPS, MAX_BYTES
 from llmman.runner.logs import ChildLog
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class LlamaServerProcess:
             hung: its process group is SIGKILLed and it dies like a crash (``on_exit``, ``exit_cause``
             HUNG, ``exit_detail`` ``hung (no /health answer for X s, no progress for Y s)``).
         health_failures: consecutive unanswered probes that mean hung.
+        log_limits: ``(max_bytes, backups)`` of the log file's rotation (runner.logs.ChildLog;
+            ``log.file_size``, ``log.file_count``).
 
     One instance runs one child once: to restart, make a new instance.
     """
@@ -84,6 +87,7 @@ class LlamaServerProcess:
         poll_interval: float = 0.025,
         health_interval: float = 0.0,
         health_failures: int = 3,
+        log_limits: tuple[int, int] = (MAX_BYTES, BACKUPS),
     ) -> None:
         self.binary = binary
         self.spec = spec
@@ -96,7 +100,7 @@ class LlamaServerProcess:
         self._watchdog = WatchdogPolicy(health_interval, health_failures)
         self._health_task: asyncio.Task[None] | None = None
         self._hung_reason: str | None = None
-        self._log = ChildLog(log_path, ring_lines=ring_lines)
+        self._log = ChildLog(log_path, ring_lines=ring_lines, max_bytes=log_limits[0], backups=log_limits[1])
         self._state = RunnerState.STOPPED
         self._child: Child | None = None
         self._start_called = False
