@@ -2,7 +2,7 @@
 load gate and its fixed answer): ``GET /llmman/logs`` returns a model's lines and the daemon's own, follows
 a line written later, reaches another node of a two-node pool through ``node=``; ``llmman logs`` prints
 them; ``llmman run`` of a cold model on a pseudo-terminal says where it is loading and then answers, and
-piped prints the answer alone.
+piped prints the answer alone; a model no node stores is pulled with progress first.
 """
 
 from __future__ import annotations
@@ -21,9 +21,14 @@ import httpx
 import pytest
 
 from llmman.cli.coldstart import CLEAR
+from llmman.refs import parse_reference
+from llmman.store import Store
 from tests.fakes.fake_llama_server import make_launcher as make_fake_binary
 from tests.fakes.inprocess import make_store
 from tests.integration.daemons import HOP, Daemon, free_port, start_daemon
+from tests.integration.registry import available as registry_available
+from tests.integration.registry import start_registry
+from tests.unit.ggufgen import write_gguf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -45,7 +50,7 @@ class Pool:
 
 def fake_daemon(tmp: Path, env: dict[str, str], names: tuple[str, ...], *, host: str, port: int) -> Daemon:
     make_store(tmp, names)
-    (tmp / "bin").mkdir()
+    (tmp / "bin").mkdir(parents=True)
     per_model = {ref("gated"): {"FAKE_LOAD_GATE": str(tmp / "gate")},
                  ref("late"): {"FAKE_LOAD_GATE": str(tmp / "gate-late")}}
     return start_daemon(tmp, host=host, port=port, extra_env={
@@ -286,3 +291,27 @@ def test_log_file_size_rotates_a_models_log_and_the_route_reads_across(tmp_path:
         assert logs(d, model="tiny", tail=str(n)).text.splitlines() == both[-n:]
     finally:
         d.stop()
+
+
+@pytest.mark.skipif(not registry_available(), reason="docker-registry missing")
+def test_llmman_run_on_a_terminal_pulls_a_missing_model_with_progress_then_answers(tmp_path: Path) -> None:
+    """A model no node stores: ``llmman run`` pulls it from a real registry (on loopback) with the pull's
+    progress before the answer."""
+    registry = start_registry(tmp_path / "registry")
+    try:
+        name = f"{registry.host}/ai/pulled:latest"
+        source = tmp_path / "source"
+        Store(source).build(parse_reference(name), write_gguf(tmp_path / "pulled.gguf", name="Tiny pulled"))
+        d = fake_daemon(tmp_path / "node", {}, (), host="127.0.0.1", port=free_port())
+        try:
+            push = cli(d, "push", "--store", str(source), name)
+            out, err = push.communicate(timeout=120)
+            assert push.returncode == 0, out + err
+            term = Terminal(d, "run", name, "hi")
+            text = term.close()
+        finally:
+            d.stop()
+    finally:
+        registry.stop()
+    assert text.index("pulling manifest") < text.index("success") < text.index(REPLY), text
+    assert text.rstrip().endswith(REPLY), text
