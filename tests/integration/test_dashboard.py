@@ -2,11 +2,13 @@
 Debian's ``chromium-driver``, against two real daemons (127.0.0.41/.42, ``alpha`` and ``bravo``) whose
 llama-server is the fake, and a third on its own with an API key.
 
-Checked: the files come with ``Content-Security-Policy: default-src 'self'`` and without a key; the page
-loads with no error in the browser's console and shows both nodes up and a model loaded on the peer; Load
-and Unload clicked on the page change ``/api/ps``; a request sent by the test appears in the page's log
-(served on the peer, so it also proves ``pool=1``); the keyed daemon shows its login form, refuses a wrong
-key and shows the pool with the right one, which stays in ``sessionStorage`` and out of the URL.
+Checked: the files come with ``Content-Security-Policy: default-src 'self'`` and without a key;
+``/llmman/on/{node}/api/...`` passes only the dashboard's calls, to a node of the pool; the page loads with no
+error in the browser's console and shows both nodes up and a model loaded on the peer; Load and Unload clicked
+on the page change ``/api/ps``, on this node and on the peer, and Delete empties the peer's store of a model;
+a request sent by the test appears in the page's log (served on the peer: ``pool=1``, also checked on the
+JSON); the keyed daemon shows its login form, refuses a wrong key and shows the pool with the right one,
+which stays in ``sessionStorage`` and out of the URL.
 
 With ``LLMMAN_DASHBOARD_SHOT=PATH`` set, the page is saved there as a PNG (docs/dashboard.png is made so).
 Skipped when ``chromium``/``chromedriver`` or ``selenium`` are missing, except under CI (``CI`` set),
@@ -172,6 +174,25 @@ def test_the_files_are_open_and_load_nothing_from_elsewhere(pool: Pool) -> None:
     assert httpx.get(pool.keyed.url + "/llmman/devices", timeout=30).status_code == 401  # data needs the key
 
 
+def test_calls_on_a_node_pass_only_the_dashboards_calls_to_a_node_of_the_pool(pool: Pool) -> None:
+    alpha, bravo = pool.nodes["alpha"], pool.nodes["bravo"]
+    peer = bravo.url.removeprefix("http://")
+    r = httpx.get(f"{alpha.url}/llmman/on/{peer}/api/tags", timeout=30)
+    assert r.status_code == 200 and sorted(m["name"] for m in r.json()["models"]) == sorted(local_tags(bravo))
+    assert httpx.get(f"{alpha.url}/llmman/on/bravo/api/tags", timeout=30).json() == r.json()  # by its name
+    r = httpx.post(f"{alpha.url}/llmman/on/{peer}/api/chat", json={"model": "tiny"}, timeout=30)
+    assert r.status_code == 404 and "error" in r.json()  # not one of the dashboard's calls
+    r = httpx.get(f"{alpha.url}/llmman/on/127.0.0.9:1/api/tags", timeout=30)
+    assert r.status_code == 404 and "no node" in r.json()["error"]
+    r = httpx.get(f"{alpha.url}/llmman/on/alpha/api/tags", headers=HOP, timeout=30)  # this node: its own
+    assert r.status_code == 307 and r.headers["location"] == "/api/tags"
+    r = httpx.get(f"{alpha.url}/llmman/on/alpha/api/tags", headers=HOP, timeout=30, follow_redirects=True)
+    assert r.status_code == 200 and sorted(m["name"] for m in r.json()["models"]) == sorted(local_tags(alpha))
+    devices = httpx.get(alpha.url + "/llmman/devices?pool=1", timeout=30).json()["nodes"]
+    assert [(n["name"], n["self"]) for n in devices] == [("alpha", True), ("bravo", False)]
+    assert all(n["devices"] for n in devices)  # each lists its RAM at least (CPU nodes: no GPU figures)
+
+
 def test_the_page_shows_both_nodes_and_a_model_loaded_on_the_peer(pool: Pool, browser: Any) -> None:
     alpha, bravo = pool.nodes["alpha"], pool.nodes["bravo"]
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False}
@@ -233,6 +254,15 @@ def test_the_request_log_shows_a_request_sent_by_the_test(pool: Pool, browser: A
         return any(row[1] == "bravo" and row[2] == "/v1/chat/completions" and row[4] == "200"
                    for row in rows(browser, "requests"))
 
+    def pooled() -> list[dict[str, Any]]:
+        return list(httpx.get(alpha.url + "/llmman/requests?pool=1", timeout=30).json()["requests"])
+
+    wait_until(lambda: any(row["route"] == "/v1/chat/completions" for row in pooled()),
+               "bravo's row in alpha's pool log")
+    mine = httpx.get(alpha.url + "/llmman/requests", timeout=30).json()["requests"]
+    assert not any(row["node"] == "bravo" for row in mine)  # without pool=1: this node's log alone
+    stats = httpx.get(alpha.url + "/llmman/stats?pool=1", timeout=30).json()["stats"]
+    assert any(s["node"] == "bravo" and s["model"] == TINY for s in stats)
     until(browser, shown, "bravo's /v1/chat/completions row in alpha's page")
     until(browser, lambda: any(row[1] == "bravo" for row in rows(browser, "stats")), "bravo's stats shown")
     assert browser.find_elements("css selector", "#chart-tps polyline, #chart-tps circle")
