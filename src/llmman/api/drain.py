@@ -59,16 +59,16 @@ async def state(request: Request) -> Response:
     """``GET /llmman/drain?node=NAME``: the node's drain state, unchanged."""
     services: Services = request.app.state.services
     name = request.query_params.get("node", "").strip()
-    if _is_this_node(services, name):
+    if is_this_node(services, name):
         return json_response(drain_document(services))
-    return await _send(services, await _peer(request, services, name), "GET", DRAIN)
+    return await _send(services, await named_peer(request, services, name), "GET", DRAIN)
 
 
 async def _act(request: Request, path: str) -> Response:
     services: Services = request.app.state.services
     name = _node_name(await request.body())
-    if not _is_this_node(services, name):
-        return await _send(services, await _peer(request, services, name), "POST", path)
+    if not is_this_node(services, name):
+        return await _send(services, await named_peer(request, services, name), "POST", path)
     if path == DRAIN:
         services.scheduler.drain()
     else:
@@ -106,14 +106,14 @@ def _address(name: str) -> HostAddress | None:
         return None
 
 
-def _is_this_node(services: Services, name: str) -> bool:
+def is_this_node(services: Services, name: str) -> bool:
     if not name or name == services.settings.node_name:
         return True
     address = _address(name)
     return address is not None and is_self(address, services.settings.host)
 
 
-async def _peer(request: Request, services: Services, name: str) -> HostAddress:
+async def named_peer(request: Request, services: Services, name: str) -> HostAddress:
     """The peer named ``name``: by its configured address, else by the name it reports.
 
     Raises:

@@ -27,7 +27,7 @@ import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from llmman.api.drain import _is_this_node, _peer
+from llmman.api.drain import is_this_node, named_peer
 from llmman.api.services import Services
 from llmman.cluster.peers import Peers, peer_name
 from llmman.config.table import HostAddress
@@ -110,8 +110,8 @@ async def logs(request: Request) -> Response:
     params = request.query_params
     name = params.get("node", "").strip()
     tail, follow = _tail(request), _flag(request, "follow")
-    if not _is_this_node(services, name):
-        address = await _peer(request, services, name)
+    if not is_this_node(services, name):
+        address = await named_peer(request, services, name)
         query = {key: value for key, value in params.items() if key != "node"}
         return await _from_peer(services, address, query)
     path = log_path(services, params.get("model", "").strip(), embedding=_flag(request, "embedding"))
