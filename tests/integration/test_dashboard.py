@@ -88,6 +88,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
             make_store(tmp, stores[name])
             env = _fake_env(tmp, name)
             env["LLMMAN_PEERS"] = ", ".join(f"{h}:{ports[n]}" for n, h in HOSTS.items() if n != name)
+            env["LLMMAN_INSECURE_REGISTRIES"] = env["LLMMAN_PEERS"]  # each pulls from the other's /v2/
             nodes[name] = start_daemon(tmp, host=host, port=ports[name], extra_env=env)
             started.append(nodes[name])
         tmp = tmp_path_factory.mktemp("keyed")
@@ -133,6 +134,20 @@ def until(driver: Any, condition: Callable[[], bool], what: str, timeout: float 
         status = driver.find_element("id", "status").text
         page = driver.find_element("tag name", "body").text[:3000]
         raise AssertionError(f"{what}: the page says {status!r}:\n{page}") from None
+
+
+def click(driver: Any, selector: str) -> None:
+    """Click the element ``selector`` finds, again if the next poll replaced it between find and click."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def clicked() -> bool:
+        try:
+            driver.find_element("css selector", selector).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait_until(clicked, f"a click on {selector}", timeout=30)
 
 
 def rows(driver: Any, table: str) -> list[list[str]]:
@@ -214,10 +229,10 @@ def test_load_and_unload_from_the_page_change_api_ps(pool: Pool, browser: Any) -
     until(browser, lambda: any(row[0] == SOLO for row in rows(browser, "stored")), "solo listed")
     assert not any(name == SOLO for name, _ in ps(alpha))
     row = f"tr[data-model='{SOLO}'][data-node='alpha']"
-    browser.find_element("css selector", f"#stored {row} button.load").click()
+    click(browser, f"#stored {row} button.load")
     wait_until(lambda: any(name == SOLO for name, _ in ps(alpha)), "solo loaded by the page")
     until(browser, lambda: any(r[0] == SOLO for r in rows(browser, "loaded")), "solo shown loaded")
-    browser.find_element("css selector", f"#loaded {row} button.unload").click()
+    click(browser, f"#loaded {row} button.unload")
     wait_until(lambda: not any(name == SOLO for name, _ in ps(alpha)), "solo unloaded by the page")
     until(browser, lambda: not any(row[0] == SOLO for row in rows(browser, "loaded")),
           "solo gone from the page")
@@ -229,17 +244,39 @@ def test_load_unload_and_delete_on_the_peer_from_the_page(pool: Pool, browser: A
     browser.get(alpha.url + "/ui")  # bonly is bravo's alone: each call goes there through /llmman/on/
     row = f"#stored tr[data-model='{BONLY}'][data-node='bravo']"
     until(browser, lambda: bool(browser.find_elements("css selector", row)), "bonly listed on bravo")
-    browser.find_element("css selector", row + " button.load").click()
+    click(browser, row + " button.load")
     wait_until(lambda: BONLY in local_ps(bravo), "bonly loaded on bravo by alpha's page")
     assert BONLY not in local_ps(alpha)
     loaded = f"#loaded tr[data-model='{BONLY}'][data-node='bravo']"
     until(browser, lambda: bool(browser.find_elements("css selector", loaded)), "bonly shown loaded on bravo")
-    browser.find_element("css selector", loaded + " button.unload").click()
+    click(browser, loaded + " button.unload")
     wait_until(lambda: BONLY not in local_ps(bravo), "bonly unloaded on bravo by alpha's page")
-    browser.find_element("css selector", row + " button.delete").click()
+    click(browser, row + " button.delete")
     browser.switch_to.alert.accept()
     wait_until(lambda: BONLY not in local_tags(bravo), "bonly deleted from bravo's store by alpha's page")
     until(browser, lambda: not browser.find_elements("css selector", row), "bonly gone from the page")
+    assert severe(browser) == []
+
+
+def test_a_pull_from_the_page_shows_its_progress_on_either_node(pool: Pool, browser: Any) -> None:
+    alpha, bravo = pool.nodes["alpha"], pool.nodes["bravo"]
+    hosts = {name: d.url.removeprefix("http://") for name, d in pool.nodes.items()}
+    browser.get(alpha.url + "/ui")
+    until(browser, lambda: len(browser.find_elements("css selector", "#pull-node option")) == 2,
+          "the pull form's nodes")
+    for d, target, source, model in ((alpha, "alpha", "bravo", "tiny"), (bravo, "bravo", "alpha", "solo")):
+        name = f"{hosts[source]}/ai/{model}:latest"  # from the other node's /v2/
+        assert name not in local_tags(d)
+        field = browser.find_element("id", "pull-name")
+        field.clear()
+        field.send_keys(name)
+        click(browser, f"#pull-node option[value='{hosts[target]}']")
+        click(browser, "#pull-submit")
+        until(browser, lambda: browser.find_element("id", "pull-status").text == "success", f"{name} pulled")
+        assert browser.find_element("id", "pull-progress").get_attribute("value") == "1"
+        assert name in local_tags(d)  # on the node chosen (bravo's through /llmman/on/)
+        until(browser, lambda n=name, t=target: [n, t] in [r[:2] for r in rows(browser, "stored")],
+              f"{name} listed on {target}")
     assert severe(browser) == []
 
 

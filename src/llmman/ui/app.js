@@ -64,6 +64,14 @@ function bar(fraction) {
   return el("div", { class: "bar" }, inner);
 }
 
+function same(node, data) {
+  // True when ``node`` already shows ``data`` (then it is left as is: a button being clicked stays).
+  const key = JSON.stringify(data);
+  if (node.dataset.shown === key) return true;
+  node.dataset.shown = key;
+  return false;
+}
+
 function fill(tbody, rows) {
   tbody.replaceChildren(...rows);
 }
@@ -85,6 +93,7 @@ function deviceTable(devices) {
 }
 
 function renderNodes(nodes, devices) {
+  if (same($("nodes"), [nodes.map((n) => Object.assign({}, n, { last_seen: null })), devices])) return;
   $("nodes").replaceChildren(...nodes.map((n) => {
     const used = n.memory ? (n.memory - n.free) / n.memory : 0;
     const badges = [el("span", { class: "badge " + n.state }, n.state)];
@@ -160,6 +169,7 @@ function psNode(entry) {
 }
 
 function renderLoaded(ps) {
+  if (same($("loaded"), [ps.map((m) => [m.name, m.node, m.size, expires(m.expires_at), poolLoad(m)])])) return;
   fill($("loaded").tBodies[0], ps.map((m) => {
     const node = psNode(m);
     const l = poolLoad(m) || {};
@@ -184,6 +194,7 @@ async function storedOn(node) {
 }
 
 function renderStored(stored) {
+  if (same($("stored"), stored.map(([node, m]) => [node.address, node.name, m.name, m.size]))) return;
   fill($("stored").tBodies[0], stored.map(([node, m]) => el("tr", { "data-model": m.name, "data-node": node.name },
     el("td", {}, m.name), el("td", {}, node.name), el("td", { class: "num" }, bytes(m.size)),
     el("td", {},
@@ -269,6 +280,7 @@ function requestQuery() {
 }
 
 function renderRequests(rows) {
+  if (same($("requests"), rows)) return;
   fill($("requests").tBodies[0], rows.map((r) => el("tr", { class: r.status >= 400 || r.error ? "error" : "" },
     el("td", {}, new Date(r.time * 1000).toLocaleTimeString()), el("td", {}, r.node), el("td", {}, r.route),
     el("td", {}, r.model), el("td", { class: "num" }, r.status),
@@ -281,6 +293,7 @@ function renderRequests(rows) {
 }
 
 function renderStats(stats) {
+  if (same($("stats"), stats)) return;
   fill($("stats").tBodies[0], stats.map((s) => el("tr", {},
     el("td", {}, s.model), el("td", {}, s.node), el("td", { class: "num" }, s.requests),
     el("td", { class: "num" }, s.errors), el("td", { class: "num" }, s.tokens_in + " / " + s.tokens_out),
