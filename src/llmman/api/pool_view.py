@@ -37,6 +37,7 @@ def node_entry(view: NodeView | None, *, name: str, address: str, own: bool, ver
                last_seen: float | None, down: str | None = None, forwarded: int = 0) -> dict[str, Any]:
     """One node of the document (see the module docstring) from its last view (None: never seen)."""
     live = view if down is None else None
+    sizes = {} if live is None else {ref.lower(): size for ref, size in live.loaded.items()}
     state = DOWN if down is not None else DRAINING if view is not None and view.draining else UP
     return {
         "name": view.node if view is not None and view.node else name,
@@ -51,15 +52,11 @@ def node_entry(view: NodeView | None, *, name: str, address: str, own: bool, ver
         "free": live.free if live is not None else 0,
         "models": {} if live is None else {
             ref: {"slots": m.slots, "in_flight": m.in_flight, "queued": m.queued, "loading": m.loading,
-                  "draining": m.draining, "size": _size(live, ref)}
+                  "draining": m.draining, "size": sizes.get(ref.lower(), 0)}
             for ref, m in live.models.items()},
         "stored": len(live.stored) if live is not None else 0,
         "forwarded": forwarded,
     }
-
-
-def _size(view: NodeView, ref: str) -> int:
-    return next((size for name, size in view.loaded.items() if name.lower() == ref.lower()), 0)
 
 
 def peer_entry(state: PeerState) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from llmman.cluster.optimistic import add_forwards
 from llmman.cluster.placement import LOCAL, NodeView
@@ -61,7 +62,24 @@ RETRY_S = 2.0
 HOP = "x-llmman-hop"
 JITTER = 0.2  # each refresh wait is the interval ±20 %
 STALE_AFTER = 3.0  # background views older than this many refresh intervals are not used
+PEER_DOCUMENT_MAX = 16 * 1024 * 1024  # bytes of a peer's JSON answer taken (a store of ~100k models)
 _FAILURES = (OSError, aiohttp.ClientError, TimeoutError, ValueError)
+
+
+async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """``response``'s whole body.
+
+    Raises:
+        ValueError: it is (or says it is) longer than ``limit`` bytes; the rest is not read.
+    """
+    if response.content_length is not None and response.content_length > limit:
+        raise ValueError(f"answer of {response.content_length} bytes (the most taken is {limit})")
+    data = bytearray()
+    while chunk := await response.content.readany():
+        data += chunk
+        if len(data) > limit:
+            raise ValueError(f"answer over {limit} bytes")
+    return bytes(data)
 
 
 def refused(exc: BaseException) -> bool:
@@ -222,7 +240,9 @@ class Peers:
             self._retry_task = asyncio.create_task(self._reprobe())
 
     async def get_json(self, address: HostAddress, path: str) -> object:
-        """GET ``path`` on a peer with the peer headers, within the probe timeout.
+        """GET ``path`` on a peer with the peer headers, within the probe timeout: its JSON answer, of at
+        most :data:`PEER_DOCUMENT_MAX` bytes and nested at most 1024 deep (orjson's limit), so a peer
+        cannot exhaust this node's memory or stack with what it sends.
 
         Raises:
             OSError, aiohttp.ClientError, TimeoutError, ValueError: the peer failed in some way.
@@ -232,8 +252,7 @@ class Peers:
                                     timeout=timeout) as response:
             if response.status != 200:
                 raise ValueError(f"{path} answered {response.status}")
-            doc: object = await response.json(content_type=None)
-            return doc
+            return orjson.loads(await read_capped(response, PEER_DOCUMENT_MAX))
 
     def _next_mark(self) -> int:
         self._mark = next(self._events)

@@ -88,6 +88,16 @@ def with_telemetry(devices: list[dict[str, Any]], node: NodeMemory | None) -> li
     return devices
 
 
+#: The largest figure read from a peer (bytes or a count): what a 64-bit integer holds, so a peer's
+#: absurd number neither breaks this node's own JSON answers nor, summed, overflows them.
+FIGURE_MAX = 2**63 - 1
+
+
+def _figure(value: int) -> int:
+    """A peer's figure within [0, FIGURE_MAX]: a negative one is 0 (it must not add room)."""
+    return min(max(0, value), FIGURE_MAX)
+
+
 def _int_table(value: object) -> dict[str, int] | None:
     if not isinstance(value, dict):
         return None
@@ -95,13 +105,13 @@ def _int_table(value: object) -> dict[str, int] | None:
     for name, size in value.items():
         if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int):
             return None
-        out[name] = size
+        out[name] = _figure(size)
     return out
 
 
 def _count(doc: dict[str, Any], key: str) -> int:
     value = doc.get(key)
-    return max(0, value) if isinstance(value, int) and not isinstance(value, bool) else 0
+    return _figure(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _models(value: object) -> dict[str, ModelLoad]:
@@ -124,5 +134,5 @@ def parse_node(name: str, url: str, doc: object) -> NodeView | None:
         return None
     node = doc.get("name")
     state = DRAINING if doc.get("state") == DRAINING else SERVING
-    return NodeView(name, max(0, memory), loaded, stored, url, node=node if isinstance(node, str) else "",
+    return NodeView(name, _figure(memory), loaded, stored, url, node=node if isinstance(node, str) else "",
                     state=state, fallback=doc.get("fallback") is True, models=_models(doc.get("models")))
