@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +45,7 @@ class EvilPeer:
 
     body: bytes = field(default_factory=document)
     asked: int = 0
+    delay: float = 0.0  # seconds its /llmman/node waits before answering
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set(self, body: bytes) -> int:
@@ -64,6 +66,8 @@ class EvilPeer:
                 with peer.lock:
                     body = peer.body if self.path == "/llmman/node" else b"{}"
                     peer.asked += self.path == "/llmman/node"
+                    delay = peer.delay
+                time.sleep(delay)  # a slow peer, not synchronisation
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -102,7 +106,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     thread.start()
     address = f"{EVIL}:{server.server_address[1]}"
     env = {"LLMMAN_LLAMA_SERVER": str(make_fake_binary(tmp / "bin")), "LLMMAN_MEMORY": "4GB",
-           "LLMMAN_NODE_NAME": "alpha", "LLMMAN_PEERS": address, "LLMMAN_PEER_REFRESH": "0.2"}
+           "LLMMAN_NODE_NAME": "alpha", "LLMMAN_PEERS": address, "LLMMAN_PEER_REFRESH": "0.2",
+           "LLMMAN_DEBUG": "1"}
     alpha = start_daemon(tmp, host=ALPHA, extra_env=env)
     try:
         yield Setup(alpha, evil, address)
@@ -139,6 +144,20 @@ def serves(setup: Setup) -> None:
 def no_traceback(setup: Setup) -> None:
     text = setup.alpha.log_text()
     assert "Traceback" not in text and "never retrieved" not in text, text[-4000:]
+
+
+def test_a_peer_slow_to_answer_does_not_make_every_decision_wait(setup: Setup) -> None:
+    setup.evil.delay = 2.5  # under the probe's 3 s: up, but every fetch of it takes that long
+    try:
+        fed(setup, document())
+        wait_until(lambda: peer_entry(setup)["state"] == "up", "the peer to be up")
+        rounds = setup.alpha.log_text().count("probe round")
+        for _ in range(6):  # each reads the views; it probed (and waited 2.5 s) when they were stale
+            assert peer_entry(setup)["state"] == "up"
+        assert setup.alpha.log_text().count("probe round") == rounds
+        serves(setup)
+    finally:
+        setup.evil.delay = 0.0
 
 
 def test_a_deeply_nested_document_is_not_a_node_document(setup: Setup) -> None:

@@ -143,12 +143,14 @@ class Sighting:
         version: the llmman version the peer reported; empty from an older node.
         at: this node's monotonic clock when the fetch was sent (its age is "last seen").
         mark: the forward counter when the fetch was sent: forwards numbered above it started after.
+        arrived: the clock when the answer arrived (how fresh it is: a slow peer's answer is news).
     """
 
     view: NodeView
     version: str
     at: float
     mark: int
+    arrived: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,8 @@ class Peers:
         if self._waiting.pop(name, None) is not None:
             log.info("peer %s is up", name)
         version = doc.get("version") if isinstance(doc, dict) else None
-        self._seen[name] = Sighting(view, version if isinstance(version, str) else "", at, mark)
+        self._seen[name] = Sighting(view, version if isinstance(version, str) else "", at, mark,
+                                    self.clock())
         return view
 
     async def _fetch_one(self, address: HostAddress) -> NodeView | None:
@@ -337,15 +340,19 @@ class Peers:
         return out
 
     def _fresh(self) -> list[Sighting] | None:
-        """The sightings of every up peer when each is at most STALE_AFTER refresh intervals old, else
-        None (also when the background refresh is off, or a peer is not up yet)."""
+        """The sightings of every up peer when each arrived at most STALE_AFTER refresh intervals ago
+        (plus the probe timeout while the next fetch of it is in flight: a peer slow to answer, up to
+        that timeout, must not make every decision wait for it), else None (also when the background
+        refresh is off, or a peer is not up yet)."""
         if self.refresh <= 0 or self._waiting:
             return None
         now, limit = self.clock(), STALE_AFTER * self.refresh
         out = []
         for address in self.up():
-            seen = self._seen.get(peer_name(address))
-            if seen is None or now - seen.at > limit:
+            name = peer_name(address)
+            seen, fetch = self._seen.get(name), self._fetching.get(name)
+            grace = self.timeout if fetch is not None and not fetch.done() else 0.0
+            if seen is None or now - seen.arrived > limit + grace:
                 return None
             out.append(seen)
         return out
