@@ -1,27 +1,27 @@
 """A hostile or broken peer's ``/llmman/node`` against a real daemon: it must cost the node nothing.
 
-One real daemon (``alpha``, its llama-server the fake) names one peer: a small HTTP server in this test
-(fault injection, named as such: it is no llmman) whose ``/llmman/node`` answer each test sets. Checked:
-a deeply nested document, figures beyond 64 bits or negative, a models table of 100 000 entries and a
-document over the size taken leave ``/llmman/pool``, inference and a stop answering (200, never a 500),
-with no traceback in the daemon's log; ``/llmman/drain`` refuses odd bodies in its dialect.
+One real daemon (``alpha``, its llama-server the fake) names one peer: the fault-injecting peer of
+tests/fakes/fake_peer.py (it is no llmman), whose ``/llmman/node`` answer each test sets. Checked: a
+peer that takes 2.5 s to answer does not make every decision probe and wait; a deeply nested document,
+figures beyond 64 bits or negative, a models table of 100 000 entries and a document over the size taken
+leave ``/llmman/pool``, inference and a stop answering (200, never a 500), with no traceback in the
+daemon's log; ``/llmman/drain`` refuses odd bodies in its dialect; a peer reporting this node's name does
+not take its drain.
 """
 
 from __future__ import annotations
 
 import json
 import signal
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.fakes.fake_llama_server import make_launcher as make_fake_binary
+from tests.fakes.fake_peer import EvilPeer, document, serve_peer
 from tests.fakes.inprocess import make_store
 from tests.integration.daemons import Daemon, free_port, start_daemon, wait_until
 
@@ -30,62 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 ALPHA, EVIL = "127.0.0.45", "127.0.0.46"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False}
 STOP = {"model": "tiny", "keep_alive": 0}
-
-
-def document(**extra: Any) -> bytes:
-    doc: dict[str, Any] = {"memory": 8 * 10**9, "loaded": {}, "stored": {}, "name": "evil", "version": "9"}
-    doc.update(extra)
-    return json.dumps(doc).encode()
-
-
-@dataclass
-class EvilPeer:
-    """The fault-injecting peer: ``body`` is what its ``/llmman/node`` answers (200) now; ``asked``
-    counts the fetches, so a test can wait for the daemon to have read the new body."""
-
-    body: bytes = field(default_factory=document)
-    asked: int = 0
-    delay: float = 0.0  # seconds its /llmman/node waits before answering
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def set(self, body: bytes) -> int:
-        with self.lock:
-            self.body = body
-            return self.asked
-
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        peer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                with peer.lock:
-                    body = peer.body if self.path == "/llmman/node" else b"{}"
-                    peer.asked += self.path == "/llmman/node"
-                    delay = peer.delay
-                time.sleep(delay)  # a slow peer, not synchronisation
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                try:
-                    self.wfile.write(body)
-                except OSError:
-                    pass  # the daemon gave up on it (too big): what this peer is for
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                body = b'{"error": "the evil peer serves nothing"}'
-                self.send_response(503)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        return Handler
 
 
 @dataclass
@@ -101,9 +45,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     make_store(tmp, ("tiny",))
     (tmp / "bin").mkdir()
     evil = EvilPeer()
-    server = ThreadingHTTPServer((EVIL, free_port(EVIL)), evil.handler())
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = serve_peer(evil, EVIL, free_port(EVIL))
     address = f"{EVIL}:{server.server_address[1]}"
     env = {"LLMMAN_LLAMA_SERVER": str(make_fake_binary(tmp / "bin")), "LLMMAN_MEMORY": "4GB",
            "LLMMAN_NODE_NAME": "alpha", "LLMMAN_PEERS": address, "LLMMAN_PEER_REFRESH": "0.2",

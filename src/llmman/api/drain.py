@@ -8,7 +8,8 @@ serves what reaches it; ``undrain`` ends it. ``llmman drain [NODE] [--wait]`` an
 Which node: the body's ``node`` (``{"node": "NAME"}``, optional) or, for ``GET``, ``?node=NAME``. Empty,
 this node's name (``node.name``) or its own ``host:port`` mean this node. Another value is looked for
 among the configured peers (their ``host:port`` or URL, else the ``name`` their ``/llmman/node``
-reports) and the request is sent there with the peer headers; no such node is 404. A request that came
+reports) and the request is sent there with the peer headers; no such node is 404, and a name that
+two peers report is 409 (name one by ``host:port``). A request that came
 from a peer (``x-llmman-hop``) is this node's alone and is never sent on.
 
 Answer::
@@ -28,7 +29,7 @@ from starlette.responses import Response
 
 from llmman.api.ollama_infer import json_response
 from llmman.api.services import Services
-from llmman.cluster.peers import HOP, Peers, peer_name
+from llmman.cluster.peers import HOP, PEER_DOCUMENT_MAX, Peers, peer_name, read_capped
 from llmman.cluster.source import is_self
 from llmman.cluster.state import DRAINING, SERVING
 from llmman.config.table import HostAddress, parse_host
@@ -125,9 +126,14 @@ async def named_peer(request: Request, services: Services, name: str) -> HostAdd
         for address in peers.addresses:
             if peer_name(address) == name or (wanted is not None and is_self(wanted, address)):
                 return address
-        for address, doc in await peers.gather("/llmman/node"):
-            if isinstance(doc, dict) and doc.get("name") == name:
-                return address
+        named = [address for address, doc in await peers.gather("/llmman/node")
+                 if isinstance(doc, dict) and doc.get("name") == name]
+        if len(named) > 1:  # two machines left at one default host name: never guess which to drain
+            raise LlmmanError(f"{len(named)} nodes are named {name!r} "
+                              f"({', '.join(peer_name(a) for a in named)}): name one by host:port",
+                              status=409, code="ambiguous_node")
+        if named:
+            return named[0]
     raise NotFound(f"no node named {name!r} in this pool")
 
 
@@ -143,8 +149,8 @@ async def _send(services: Services, address: HostAddress, method: str, path: str
     try:
         async with peers.session.request(method, address.client_url() + path, headers=peers.headers(),
                                          timeout=timeout) as response:
-            body, status = await response.read(), response.status
-    except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+            body, status = await read_capped(response, PEER_DOCUMENT_MAX), response.status
+    except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise LlmmanError(f"node {peer_name(address)} did not answer: {str(exc) or type(exc).__name__}",
                           status=502, code="peer_failed") from exc
     return Response(body, status_code=status, media_type="application/json; charset=utf-8")
