@@ -154,9 +154,18 @@ def processor(entry: Mapping[str, Any]) -> str:
     return f"{cpu}%/{100 - cpu}% CPU/GPU"
 
 
+def printable(text: str) -> str:
+    """``text`` with every control character (C0, DEL, C1: a newline, an ANSI escape) written as ``\\xNN``:
+    what a daemon or a peer reports (a node's name, a model's) cannot move the cursor or rewrite the
+    terminal."""
+    return "".join(f"\\x{ord(c):02x}" if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in text)
+
+
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns, four spaces apart, header first, trailing spaces trimmed; ends in a newline."""
+    """Left-aligned columns, four spaces apart, header first, trailing spaces trimmed; ends in a newline.
+    Cells are :func:`printable`."""
     widths = [len(h) for h in headers]
+    rows = [[printable(cell) for cell in row] for row in rows]
     for row in rows:
         for i, cell in enumerate(row):
             widths[i] = max(widths[i], len(cell))
