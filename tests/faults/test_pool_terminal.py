@@ -15,8 +15,8 @@ ESCAPE = "\x1b]0;owned\x07\x1b[2J"
 
 
 def test_a_peer_name_with_escapes_and_newlines_prints_as_text() -> None:
-    node = {"name": f"evil{ESCAPE}\r\nspark (this node)    1.2.3.4", "address": "10.0.0.9:17434", "state": "up",
-            "memory": 10, "free": 5, "last_seen": 0.2,
+    node = {"name": f"evil{ESCAPE}\r\nspark (this node)    1.2.3.4", "address": "10.0.0.9:17434",
+            "state": "up", "memory": 10, "free": 5, "last_seen": 0.2,
             "models": {f"docker.io/ai/x{ESCAPE}:latest": {"slots": 1, "in_flight": 0, "queued": 0}}}
     text = nodes_table([node])
     assert "\x1b" not in text and "\x07" not in text and "\r" not in text
