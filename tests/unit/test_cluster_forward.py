@@ -10,8 +10,16 @@ from typing import cast
 import aiohttp
 import pytest
 
-from llmman.cluster.forward import PeerSilent, forward_headers, header_value, next_chunk, watched
+from llmman.cluster.forward import (
+    PeerSilent,
+    answers_probe,
+    forward_headers,
+    header_value,
+    next_chunk,
+    watched,
+)
 from llmman.cluster.peers import HOP, Peers
+from llmman.config.table import parse_host
 
 CLIENT = [
     ("Content-Type", "application/json"), ("Accept", "text/event-stream"), ("User-Agent", "anthropic-py"),
@@ -181,3 +189,14 @@ class _Protocol:
 
     def resume_reading(self, resume_parser: bool = True) -> None:
         pass
+
+
+async def test_a_peer_already_marked_down_is_not_probed_again() -> None:
+    address = parse_host("127.0.0.9:17500")
+    # No session: a probe would fail with AttributeError, so a False here was decided without one.
+    pool = Peers(cast(aiohttp.ClientSession, None), (address,), api_key="k", retry=3600)
+    pool.mark_down(address, "its state did not answer")
+    try:
+        assert await answers_probe(pool, address) is False
+    finally:
+        await pool.close()

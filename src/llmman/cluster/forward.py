@@ -80,7 +80,11 @@ def forward_headers(client_headers: Iterable[tuple[str, str]], peers: Peers,
 
 
 async def answers_probe(peers: Peers, address: HostAddress) -> bool:
-    """True when the peer answers ``GET /llmman/node`` within the probe timeout (any 200 JSON)."""
+    """True when the peer answers ``GET /llmman/node`` within the probe timeout (any 200 JSON). A peer
+    the background refresh has already found silent (marked down) is not asked again: False at once."""
+    if address not in peers.up():
+        log.debug("peer %s is down (its state did not answer): not probing it again", peer_name(address))
+        return False
     try:
         await peers.get_json(address, "/llmman/node")
     except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
