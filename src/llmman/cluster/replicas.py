@@ -79,6 +79,10 @@ class LocalPending:
         self._clock = clock
         self._placed: dict[str, deque[_Placement]] = {}
 
+    def __len__(self) -> int:
+        """How many models have placements held (counted or not yet dropped)."""
+        return len(self._placed)
+
     def busy(self, ref: str, reported: int) -> int:
         """The busy figure to decide on, given the scheduler's ``reported`` one."""
         placed = self._current(ref.lower())
@@ -89,7 +93,11 @@ class LocalPending:
         """One more request for ``ref`` (the current task's) is placed here; the scheduler reported
         ``reported`` busy."""
         key = ref.lower()
-        self._current(key)
+        if key in self._placed:
+            self._current(key)
+        else:  # a model not seen this window: drop every other one's placements that no longer count,
+            for other in list(self._placed):  # or a name requested once (a typo, a model no node has)
+                self._current(other)  # would be held for good
         try:
             task: asyncio.Task[object] | None = asyncio.current_task()
         except RuntimeError:  # no event loop (a synchronous caller): counted for the window
