@@ -1,5 +1,5 @@
 """A fault-injecting peer for pool tests: an HTTP server that is no llmman, whose ``/llmman/node`` answer
-a test sets (any bytes, after any delay) and whose inference routes all answer 503.
+a test sets (any bytes, after any delay) and whose POST routes all answer 503 (or, with ``hang``, nothing).
 
 Named as what it is: a stand-in for a hostile or broken peer (tests/faults/test_pool_*.py), never for a
 working node (real daemons play those).
@@ -31,6 +31,8 @@ class EvilPeer:
     asked: int = 0
     delay: float = 0.0  # seconds its /llmman/node waits before answering
     posts: list[str] = field(default_factory=list)  # the paths POSTed to it, in order
+    hang: bool = False  # a POST gets no answer at all until ``release`` is set (a stalled request)
+    release: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set(self, body: bytes) -> int:
@@ -66,6 +68,9 @@ class EvilPeer:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with peer.lock:
                     peer.posts.append(self.path)
+                if peer.hang:
+                    peer.release.wait()
+                    return
                 body = b'{"error": "the evil peer serves nothing"}'
                 self.send_response(503)
                 self.send_header("Content-Length", str(len(body)))

@@ -44,7 +44,7 @@ from llmman.api.errors import error_response, handle_llmman_error
 from llmman.api.observed import Observed, Served
 from llmman.api.relay import PeerAnswer
 from llmman.api.services import Services
-from llmman.cluster.forward import NODE, answers_probe, forward_headers, header_value, open_forward
+from llmman.cluster.forward import NODE, answers_probe, forward_headers, header_value, open_forward, works_on
 from llmman.cluster.peers import HOP, PROBE_TIMEOUT_S
 from llmman.cluster.placement import LOCAL
 from llmman.cluster.router import Forward, Intent, Local, Origin, Target
@@ -221,11 +221,13 @@ async def _forward(request: Request, services: Services, target: Target, model: 
     client_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
     body = await request.body()
     headers = forward_headers(client_headers, peers, target.source, target.digest, node=settings.node_name)
+    ref = router.reference(model) or model
     opening = open_forward(peers, target.address, request.method, path_qs, body, headers,
-                           read_timeout=settings.load_timeout, stall=settings.stall_timeout)
+                           read_timeout=settings.load_timeout, stall=settings.stall_timeout,
+                           alive=lambda: works_on(peers, target.address, ref))
     # Counted from the first byte sent until the relayed answer ends (H3's optimistic accounting).
     counting = contextlib.ExitStack()
-    counting.enter_context(peers.forwarding(target.address, router.reference(model) or model))
+    counting.enter_context(peers.forwarding(target.address, ref))
     try:
         # A client that goes away before the peer's status line (a non-streamed answer arrives whole)
         # cancels the forward, which closes the connection and so the work on the peer (499).

@@ -12,7 +12,10 @@ Silence is checked, not only timed: while a peer sends nothing (no status line y
 its answer) for ``stall`` seconds, :func:`watched` asks it for ``/llmman/node`` (:func:`answers_probe`,
 the probe's own 3 s limit). A peer that answers is alive (loading a large model, queueing) and is waited
 for, up to ``server.load_timeout`` of silence (aiohttp's ``sock_read``); one that does not is given up at
-once with :class:`PeerSilent`, and the connection to it is closed, which cancels the work there.
+once with :class:`PeerSilent`, and the connection to it is closed, which cancels the work there. Before
+the status line the pipeline asks more of the probe (:func:`works_on`): a peer whose document shows the
+model loaded, ready and idle is not working on the request (it stalled before reaching the model), and
+is given up the same way.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import aiohttp
 
 from llmman.cluster.peers import HOP, PROBE_TIMEOUT_S, Peers, peer_name
 from llmman.cluster.source import SOURCE, SOURCE_DIGEST
+from llmman.cluster.state import parse_node
 from llmman.config.table import HostAddress
 
 log = logging.getLogger("llmman.cluster")
@@ -93,6 +97,26 @@ async def answers_probe(peers: Peers, address: HostAddress) -> bool:
     return True
 
 
+async def works_on(peers: Peers, address: HostAddress, ref: str) -> bool:
+    """True when the peer answers its probe and is plausibly working on a request for ``ref``: unless
+    its document shows ``ref`` loaded, ready and with no request on it at all — then a request sent to it
+    a stall interval ago never reached its model (a peer that answers probes but stalls requests) and
+    False. A copy loading, queued or serving, or a model not loaded there yet (a copy or load to come),
+    is work, and an older node that publishes no per-model figures is given the benefit of the doubt."""
+    try:
+        doc = await peers.get_json(address, "/llmman/node")
+    except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        log.debug("peer %s does not answer its probe: %s", peer_name(address), str(exc) or type(exc).__name__)
+        return False
+    view = parse_node(peer_name(address), "", doc)
+    load = None if view is None else view.load_of(ref)
+    if load is not None and not load.loading and load.busy == 0:
+        log.info("peer %s answers its probe but holds no request for %s: the request stalled there",
+                 peer_name(address), ref)
+        return False
+    return True
+
+
 async def watched(work: Awaitable[T], alive: Alive, stall: float, *, what: str,
                   probe_first: bool = False, discard: Callable[[T], object] | None = None) -> T:
     """``work``'s result, asking ``alive()`` every ``stall`` seconds it has not finished (at once first
@@ -143,13 +167,14 @@ async def watched(work: Awaitable[T], alive: Alive, stall: float, *, what: str,
 
 async def open_forward(peers: Peers, address: HostAddress, method: str, path_qs: str, body: bytes,
                        headers: dict[str, str], read_timeout: float | None = None,
-                       stall: float = 0.0) -> aiohttp.ClientResponse:
+                       stall: float = 0.0, alive: Alive | None = None) -> aiohttp.ClientResponse:
     """Send the request and wait for the status line. Connecting is limited to the probe timeout;
     ``read_timeout`` (seconds; None = no limit, the daemon passes ``server.load_timeout`` since a cold
     peer loads first) limits the wait for the first byte and, once streaming, every gap between bytes
     (aiohttp's ``sock_read``; a stall then raises ``aiohttp.ServerTimeoutError`` while reading). Every
-    ``stall`` seconds without the status line the peer is probed (:func:`watched`; 0 = never). The caller
-    must release the response.
+    ``stall`` seconds without the status line the peer is probed (:func:`watched`; 0 = never) with
+    ``alive`` (default :func:`answers_probe`; the pipeline passes :func:`works_on`). The caller must
+    release the response.
 
     Raises:
         OSError, aiohttp.ClientError, TimeoutError: the peer failed or stayed silent before answering
@@ -158,7 +183,7 @@ async def open_forward(peers: Peers, address: HostAddress, method: str, path_qs:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=PROBE_TIMEOUT_S, sock_read=read_timeout)
     sending = peers.session.request(method, address.client_url() + path_qs, data=body, headers=headers,
                                     timeout=timeout, auto_decompress=False, allow_redirects=False)
-    return await watched(sending, lambda: answers_probe(peers, address), stall,
+    return await watched(sending, alive or (lambda: answers_probe(peers, address)), stall,
                          what=f"peer {peer_name(address)} silent before answering",
                          discard=lambda response: response.close())
 
