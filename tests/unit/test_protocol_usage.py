@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmman.protocol.usage import HEAD_BYTES, TAIL_BYTES, AnswerSample, error_of, usage_of
+from llmman.protocol.usage import HEAD_BYTES, TAIL_BYTES, AnswerSample, error_of, speed_of, usage_of
 
 
 def sample(*chunks: bytes) -> AnswerSample:
@@ -45,3 +45,12 @@ def test_error_messages_of_every_dialect() -> None:
     anthropic = b'{"type":"error","error":{"type":"overloaded_error","message":"later"}}'
     assert error_of(sample(anthropic)) == "later"
     assert error_of(sample(b'{"message":{"role":"assistant","content":"hi"}}')) == ""
+
+
+def test_the_speed_an_answer_reports() -> None:
+    openai = b'{"usage":{"completion_tokens":40},"timings":{"predicted_n":40,"predicted_per_second":12.5}}'
+    assert speed_of(sample(openai)) == 12.5
+    ollama = b'{"done":true,"eval_count":50,"eval_duration":2000000000}'
+    assert speed_of(sample(ollama)) == 25.0
+    assert speed_of(sample(b'{"usage":{"completion_tokens":3}}')) is None
+    assert speed_of(sample(b'{"eval_count":5,"eval_duration":0}')) is None

@@ -2,9 +2,10 @@
 
 :class:`Observed` wraps the response :func:`llmman.api.inference.run` returns — a local answer, a peer's
 (:class:`~llmman.api.relay.PeerAnswer`) or an error — in an ASGI response that watches what goes to the
-client: the status, the time of the first body byte (time to first token; for a non-streamed answer, the
-whole answer's) and a sample of the bytes, from which the token counts are read in the client's dialect
-(:mod:`llmman.protocol.usage`). When the answer has ended, however it ended, one row goes to
+client: the status, the time of the first body byte of a streamed answer (time to first token; a whole
+JSON answer has none) and a sample of the bytes, from which the token counts and the speed the answer
+reports are read in the client's dialect (:mod:`llmman.protocol.usage`). When the answer has ended,
+however it ended, one row goes to
 :meth:`Observer.request_done <llmman.obs.observer.Observer.request_done>`, which never blocks.
 """
 
@@ -19,7 +20,14 @@ from starlette.types import Message, Receive, Scope, Send
 from llmman.obs.observer import Observer
 from llmman.obs.stopwatch import Stopwatch
 from llmman.protocol.errors import dialect_of
-from llmman.protocol.usage import AnswerSample, error_of, usage_of
+from llmman.protocol.usage import AnswerSample, error_of, speed_of, usage_of
+
+#: Content types of an answer sent as it is generated (its first body byte is its first token).
+STREAMED_TYPES = (b"text/event-stream", b"application/x-ndjson")
+
+
+def _streamed(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(k.lower() == b"content-type" and v.lower().startswith(STREAMED_TYPES) for k, v in headers)
 
 
 @dataclass(frozen=True)
@@ -56,12 +64,16 @@ class Observed(Response):
         sample = AnswerSample()
         status = self._inner.status_code
 
+        streamed = False
+
         async def spy(message: Message) -> None:
-            nonlocal status
+            nonlocal status, streamed
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                streamed = _streamed(message.get("headers", []))
             elif message["type"] == "http.response.body" and message.get("body"):
-                self._watch.first_token()
+                if streamed:
+                    self._watch.first_token()
                 sample.feed(message["body"])
             await send(message)
 
@@ -79,7 +91,7 @@ class Observed(Response):
             prompt_tokens=prompt, completion_tokens=completion,
             client=request.client.host if request.client else "",
             error=error_of(sample) if status >= 400 else "", kind=served.kind,
-            conversation=served.conversation)
+            conversation=served.conversation, speed=speed_of(sample))
         self._obs.request_done(row)
         if served.kind == "hop":
             self._obs.metrics.hop(row.client, "ok" if status < 400 else "error")

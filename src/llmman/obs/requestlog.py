@@ -131,10 +131,14 @@ class RequestRow:
     conversation: str | None = None
     request_body: bytes | None = None
     response_body: bytes | None = None
+    speed: float | None = None  # generation tokens/s the answer itself reports (llama-server's timings)
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Generation speed: completion tokens over the time after the first token, None where unknown."""
+        """Generation speed: the answer's own figure when it reports one (:attr:`speed`), else completion
+        tokens over the time after the first token; None where unknown (no first token: a whole answer)."""
+        if self.speed is not None:
+            return self.speed
         if not self.completion_tokens or self.ttft is None:
             return None
         generating = self.duration - self.ttft

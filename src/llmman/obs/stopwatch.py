@@ -36,10 +36,11 @@ class Stopwatch:
     def row(self, *, node: str, route: str, dialect: str, model: str, status: int,
             prompt_tokens: int | None = None, completion_tokens: int | None = None, client: str = "",
             error: str = "", kind: str = "local", conversation: str | None = None,
-            request_body: bytes | None = None, response_body: bytes | None = None) -> RequestRow:
+            request_body: bytes | None = None, response_body: bytes | None = None,
+            speed: float | None = None) -> RequestRow:
         """The finished request's row, timed now."""
         return RequestRow(time=self.arrived, node=node, route=route, dialect=dialect, model=model,
                           status=status, duration=self._clock() - self._started, prompt_tokens=prompt_tokens,
                           completion_tokens=completion_tokens, ttft=self.ttft, client=client, error=error,
                           kind=kind, conversation=conversation, request_body=request_body,
-                          response_body=response_body)
+                          response_body=response_body, speed=speed)

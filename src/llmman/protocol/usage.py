@@ -16,6 +16,8 @@ TAIL_BYTES = 8192
 
 _PROMPT = re.compile(rb'"(?:prompt_tokens|input_tokens|prompt_eval_count)"\s*:\s*(\d+)')
 _COMPLETION = re.compile(rb'"(?:completion_tokens|output_tokens|eval_count)"\s*:\s*(\d+)')
+_PREDICTED = re.compile(rb'"predicted_per_second"\s*:\s*([0-9.eE+-]+)')
+_EVAL_DURATION = re.compile(rb'"eval_duration"\s*:\s*(\d+)')
 _MESSAGE = re.compile(rb'"(?:message|error)"\s*:\s*"((?:[^"\\]|\\.){1,500})"')
 
 
@@ -53,6 +55,19 @@ def usage_of(sample: AnswerSample) -> tuple[int | None, int | None]:
     """``(prompt tokens, completion tokens)`` the answer reports, None where it reports none."""
     # The tail holds the head too when the answer is short; reading both then only finds the same figures.
     return _last(_PROMPT, sample.head, sample.tail), _last(_COMPLETION, sample.head, sample.tail)
+
+
+def speed_of(sample: AnswerSample) -> float | None:
+    """Generation tokens/s the answer reports: llama-server's ``timings.predicted_per_second`` (passed
+    through by the OpenAI-shaped routes), else Ollama's ``eval_count`` over ``eval_duration`` (ns)."""
+    found = [float(m.group(1)) for m in _PREDICTED.finditer(sample.tail)]
+    if found and found[-1] > 0:
+        return found[-1]
+    durations = [int(m.group(1)) for m in _EVAL_DURATION.finditer(sample.tail)]
+    count = _last(_COMPLETION, sample.tail)
+    if durations and durations[-1] > 0 and count:
+        return count / (durations[-1] / 1e9)
+    return None
 
 
 def error_of(sample: AnswerSample) -> str:
