@@ -32,6 +32,7 @@ class EvilPeer:
     delay: float = 0.0  # seconds its /llmman/node waits before answering
     posts: list[str] = field(default_factory=list)  # the paths POSTed to it, in order
     hang: bool = False  # a POST gets no answer at all until ``release`` is set (a stalled request)
+    head: bytes = b""  # with ``hang``: first send a 200 and these bytes (an NDJSON line), then stall
     release: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -69,6 +70,13 @@ class EvilPeer:
                 with peer.lock:
                     peer.posts.append(self.path)
                 if peer.hang:
+                    if peer.head:
+                        self.send_response(200)
+                        self.send_header("Content-Type", "application/x-ndjson")
+                        self.send_header("Transfer-Encoding", "chunked")
+                        self.end_headers()
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(peer.head), peer.head))
+                        self.wfile.flush()
                     peer.release.wait()
                     return
                 body = b'{"error": "the evil peer serves nothing"}'

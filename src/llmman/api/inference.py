@@ -44,7 +44,7 @@ from llmman.api.errors import error_response, handle_llmman_error
 from llmman.api.observed import Observed, Served
 from llmman.api.relay import PeerAnswer
 from llmman.api.services import Services
-from llmman.cluster.forward import NODE, answers_probe, forward_headers, header_value, open_forward, works_on
+from llmman.cluster.forward import NODE, forward_headers, header_value, open_forward, works_on
 from llmman.cluster.peers import HOP, PROBE_TIMEOUT_S
 from llmman.cluster.placement import LOCAL
 from llmman.cluster.router import Forward, Intent, Local, Origin, Target
@@ -262,7 +262,7 @@ async def _forward(request: Request, services: Services, target: Target, model: 
         services.obs.metrics.forwarded(target.name, "broken")
 
     return PeerAnswer(response, lambda message: error_frame(dialect, message, 502), broke, target.name,
-                      alive=lambda: answers_probe(peers, target.address), stall=settings.stall_timeout,
+                      alive=lambda: works_on(peers, target.address, ref), stall=settings.stall_timeout,
                       finished=counting.close)
 
 

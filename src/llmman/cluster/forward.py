@@ -12,10 +12,10 @@ Silence is checked, not only timed: while a peer sends nothing (no status line y
 its answer) for ``stall`` seconds, :func:`watched` asks it for ``/llmman/node`` (:func:`answers_probe`,
 the probe's own 3 s limit). A peer that answers is alive (loading a large model, queueing) and is waited
 for, up to ``server.load_timeout`` of silence (aiohttp's ``sock_read``); one that does not is given up at
-once with :class:`PeerSilent`, and the connection to it is closed, which cancels the work there. Before
-the status line the pipeline asks more of the probe (:func:`works_on`): a peer whose document shows the
-model loaded, ready and idle is not working on the request (it stalled before reaching the model), and
-is given up the same way.
+once with :class:`PeerSilent`, and the connection to it is closed, which cancels the work there. The
+pipeline asks more of the probe (:func:`works_on`), before the status line and mid-stream alike: a peer
+whose document shows the model loaded, ready and idle is not working on the request (it stalled on its
+way to the model, or lost it), and is given up the same way.
 """
 
 from __future__ import annotations
@@ -100,9 +100,10 @@ async def answers_probe(peers: Peers, address: HostAddress) -> bool:
 async def works_on(peers: Peers, address: HostAddress, ref: str) -> bool:
     """True when the peer answers its probe and is plausibly working on a request for ``ref``: unless
     its document shows ``ref`` loaded, ready and with no request on it at all — then a request sent to it
-    a stall interval ago never reached its model (a peer that answers probes but stalls requests) and
-    False. A copy loading, queued or serving, or a model not loaded there yet (a copy or load to come),
-    is work, and an older node that publishes no per-model figures is given the benefit of the doubt."""
+    that has been silent a stall interval is not with its model (it never reached it, or the model lost
+    it: a peer that answers probes but stalls requests) and False. A copy loading, queued or serving, or
+    a model not loaded there yet (a copy or load to come), is work, and an older node that publishes no
+    per-model figures is given the benefit of the doubt."""
     try:
         doc = await peers.get_json(address, "/llmman/node")
     except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
