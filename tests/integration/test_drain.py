@@ -393,3 +393,21 @@ def test_drain_in_a_pool_moves_the_traffic_off_the_node_and_loses_nothing(duo: P
     assert drain_state(front, name)["loaded"] == 0
     httpx.post(front.url + "/llmman/undrain", json={"node": name}, headers=KEY, timeout=10).raise_for_status()
     wait_until(lambda: pool_state(front, name) == "up", "the node back in the pool")
+
+
+def test_a_stopped_model_shows_stopping_until_its_requests_finish(single: Daemon) -> None:
+    answers: list[str] = []
+    stream = threading.Thread(target=lambda: answers.append(chat(single.url, "slow")))
+    stream.start()
+    wait_until(lambda: drain_state(single)["in_flight"] == 1, "a long answer in flight")
+    with cli(single, "stop", "slow") as proc:
+        assert proc.wait(timeout=30) == 0
+    (entry,) = [m for m in ps(single) if m["name"] == ref("slow")]
+    assert entry.get("draining") is True
+    with cli(single, "ps") as proc:
+        table = (proc.stdout.read() if proc.stdout else "").splitlines()
+        assert proc.wait(timeout=30) == 0
+    assert any(ref("slow") in line and line.rstrip().endswith("Stopping...") for line in table), table
+    stream.join(timeout=60)
+    assert answers == [SLOW_REPLY]
+    wait_until(lambda: ref("slow") not in [m["name"] for m in ps(single)], "the stopped model to go")

@@ -107,6 +107,8 @@ async def ps(request: Request) -> Response:
     listed = _details_by_digest(services, {snap.digest for snap in snaps})
     for snap in snaps:
         expires = snap.expires_at if snap.expires_at is not None else now + FOREVER_YEARS * 365.25 * 86400
+        if snap.draining:  # a stop (or an eviction) is waiting for its requests: due now, as Ollama shows it
+            expires = now
         rows.append(
             (
                 expires,
@@ -122,6 +124,7 @@ async def ps(request: Request) -> Response:
                     "started_at": rfc3339(snap.started_at),
                     "processor": _processor(snap),
                     "pid": snap.pid,
+                    **({"draining": True} if snap.draining else {}),
                 },
             )
         )
