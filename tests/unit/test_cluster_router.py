@@ -16,6 +16,7 @@ from llmman.cluster.placement import ModelLoad, NodeView
 from llmman.cluster.router import Forward, Intent, Local, Origin, Policy, Router, Target
 from llmman.config.table import HostAddress
 from llmman.sched.scheduler import Scheduler
+from llmman.sched.table import LoadedSnapshot
 from llmman.store import Store
 
 GB = 10**9
@@ -34,6 +35,10 @@ class Snap:
     slots: int = 4
     ready: bool = True
     draining: bool = False
+
+    # the real snapshot's rule, not a copy of it
+    in_flight = LoadedSnapshot.in_flight
+    queued = LoadedSnapshot.queued
 
 
 @dataclass

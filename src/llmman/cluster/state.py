@@ -36,8 +36,7 @@ def model_loads(snaps: Iterable[LoadedSnapshot]) -> dict[str, ModelLoad]:
     """Per loaded reference, how busy it is (an embedding child adds to its model's figures)."""
     out: dict[str, ModelLoad] = {}
     for snap in snaps:
-        served = min(snap.refcount, snap.slots) if snap.ready else 0
-        mine = ModelLoad(snap.slots, served, snap.refcount - served, not snap.ready, snap.draining)
+        mine = ModelLoad(snap.slots, snap.in_flight, snap.queued, not snap.ready, snap.draining)
         seen = out.get(snap.reference)
         if seen is not None:
             mine = ModelLoad(seen.slots + mine.slots, seen.in_flight + mine.in_flight,

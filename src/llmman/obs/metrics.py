@@ -281,11 +281,10 @@ class SchedulerCollector(Collector):
         snaps = self._scheduler.snapshot()
         for snap in snaps:
             labels = [snap.reference, _kind(snap), node]
-            serving = min(snap.refcount, snap.slots) if snap.ready else 0
             loaded.add_metric([*labels, _state(snap)], 1)
             slots.add_metric(labels, snap.slots)
-            in_flight.add_metric(labels, serving)
-            queued.add_metric(labels, snap.refcount - serving)
+            in_flight.add_metric(labels, snap.in_flight)
+            queued.add_metric(labels, snap.queued)
             model_memory.add_metric(labels, snap.memory)
         capacity.add_metric([node], self._scheduler.capacity)
         planned.add_metric([node], sum(s.memory for s in snaps))

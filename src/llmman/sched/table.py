@@ -89,6 +89,16 @@ class LoadedSnapshot:
     draining: bool = False  # it goes when the requests in flight finish (a stop, an eviction, stopping now)
     placement: Placement | None = None  # its devices on a GPU node (ModelPlan.placement)
 
+    @property
+    def in_flight(self) -> int:
+        """Requests being served now: those holding a lease, up to the slots, once the child is ready."""
+        return min(self.refcount, self.slots) if self.ready else 0
+
+    @property
+    def queued(self) -> int:
+        """Requests holding a lease that wait for a free slot or for the load."""
+        return self.refcount - self.in_flight
+
 
 class Lease:
     """A hold on a loaded model. Release it exactly once (``async with`` does it).
