@@ -164,6 +164,8 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_LOG_FILE_SIZE": "2MiB",
         "LLMMAN_LOG_FILE_COUNT": "5",
         "LLMMAN_METRICS_KEY": "scrape",
+        "LLMMAN_METRICS": "off",
+        "LLMMAN_MODELS_DIRS": "~/.ollama/models, /srv/gguf",
         "LLMMAN_API_KEYS": "k1,k2",
         "LLMMAN_API_KEY": "k2",
         "LLMMAN_AUTH": "off",
@@ -193,7 +195,8 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
     assert (s.stall_timeout, s.affinity, s.name, s.fallback) == (2.0, False, "spark", True)
     assert (s.requests, s.bodies, s.retention, s.max_size) == (False, "conversation", 86400.0, 1 << 20)
     assert (s.file_size, s.file_count) == (2 << 20, 5)
-    assert s.scrape_key == "scrape"
+    assert (s.scrape_key, s.collect) == ("scrape", False)
+    assert s.scan_dirs == ("~/.ollama/models", "/srv/gguf")
     assert {origin for key, origin in s.origins.items()} == {f"env {spec.env}" for spec in SETTINGS}
 
 

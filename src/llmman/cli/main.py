@@ -43,6 +43,7 @@ _HANDLERS = {
     "show": "commands_store:cmd_show",
     "inspect": "commands_store:cmd_inspect",
     "build": "commands_store:cmd_build",
+    "import": "commands_import:cmd_import",
     "verify": "commands_store:cmd_verify",
     "pull": "commands_pull:cmd_pull",
     "push": "commands_pull:cmd_push",
@@ -155,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--tag", required=True, metavar="REF")
     p.add_argument("-l", "--label", type=_label, action="append", default=[], metavar="K=V")
     p.add_argument("path", nargs="?", default=".", metavar="PATH")
+    p = _verb(sub, "import", "Use models already on disk (Ollama, Hugging Face, llama.cpp, LM Studio, GGUF "
+              "folders) without a second copy", store=True)
+    p.add_argument("sources", nargs="*", metavar="SOURCE",
+                   help="a folder or GGUF file, or ollama, hf, llama.cpp, lmstudio (default: all found)")
+    p.add_argument("--name", metavar="REF", help="the name for the one model a SOURCE holds")
+    p.add_argument("-n", "--dry-run", action="store_true", help="list what would be imported, import nothing")
     p = _verb(sub, "verify", "Check every blob of the store (or of MODELs) against its digest", store=True)
     p.add_argument("models", nargs="*", metavar="MODEL")
     p.add_argument("--repair", action="store_true", help="fetch bad or missing blobs again")

@@ -87,6 +87,7 @@ class Settings:
     max_body_size: int = 64 << 20
     body_timeout: float = 60.0
     import_dirs: tuple[str, ...] = ()
+    scan_dirs: tuple[str, ...] = ()
     memory: int = 0
     reserve: int = 0
     peers: str = ""
@@ -105,6 +106,7 @@ class Settings:
     max_size: int = 256 << 20
     file_size: int = 10 << 20
     file_count: int = 3
+    collect: bool = True
     scrape_key: str = ""
     api_keys: str = ""
     enforce: bool = True
