@@ -1,7 +1,8 @@
 """``GET /llmman/node``: this node's memory, models and load, the aggregation's probe (docs/memory.md).
 
 The document is built by :func:`llmman.cluster.state.node_document` (its shape is documented there and
-in docs/aggregation.md), where peers also read it.
+in docs/aggregation.md), where peers also read it. Its ``transfers`` are the puller's pulls and copies in
+progress (llmman.registry.progress).
 """
 
 from __future__ import annotations
@@ -18,5 +19,7 @@ async def node(request: Request) -> Response:
     """``GET /llmman/node``."""
     services: Services = request.app.state.services
     settings = services.settings
+    transfers = services.puller.transfers.snapshot() if services.puller is not None else []
     return json_response(node_document(services.scheduler, services.store, name=settings.node_name,
-                                       fallback=settings.fallback, max_queue=settings.max_queue))
+                                       fallback=settings.fallback, max_queue=settings.max_queue,
+                                       transfers=transfers))

@@ -4,7 +4,9 @@ Shapes (Ollama's ``api.ProgressResponse``): pull and push stream ``application/x
 :mod:`llmman.registry.puller` and :mod:`llmman.registry.push`) ending with ``{"status": "success"}``; an
 error after the stream started is an in-band ``{"error": "..."}`` line. ``"stream": false`` answers
 once at the end: ``{"status": "success"}``, or the error with its HTTP status (404 for a repository the
-registry does not have, 401 for refused credentials, 502/503 for registry failures).
+registry does not have, 401 for refused credentials, 502/503 for registry failures). A stream carries
+``X-Accel-Buffering: no`` and ``Cache-Control: no-cache`` (:data:`STREAM_HEADERS`), so a reverse proxy
+hands each progress line on at once.
 
 The work runs in a worker thread (the registry client is synchronous); its progress crosses to the
 event loop through an asyncio queue. A client that goes away does not cancel a pull: it completes for
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmman.api.pull")
 Job = Callable[[Emit], object]
 _END = object()
+STREAM_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
+"""On every progress stream: a proxy (nginx) passes each line as it comes, and nothing caches it."""
 
 
 def _puller(services: Services) -> Puller:
@@ -99,7 +103,7 @@ async def _run(job: Job, stream: bool) -> Response:
             yield orjson.dumps(line) + b"\n"
         await task
 
-    return StreamingResponse(body(), media_type=NDJSON)
+    return StreamingResponse(body(), media_type=NDJSON, headers=STREAM_HEADERS)
 
 
 async def pull(request: Request) -> Response:

@@ -11,10 +11,14 @@ anything from elsewhere, so the page cannot load a script, style or font from ou
 
     {"nodes": [{"name": "spark", "address": "10.0.0.7:17434", "self": true,
                 "devices": [{"index": 0, "name": ..., "total": bytes, "used": bytes, "utilisation": pct,
-                             "temperature": celsius, "power": watts, ...}, ...]}, ...]}
+                             "temperature": celsius, "power": watts, ...}, ...],
+                "transfers": [{"model": ref, "kind": "pull" | "copy", "source": host, "completed": bytes,
+                               "total": bytes, ...}, ...]}, ...]}
 
-``devices`` is the ``/llmman/node`` list of each node (llmman.cluster.state.node_document); without
-``pool=1`` only this node is listed, and a peer that does not answer is left out.
+``devices`` and ``transfers`` are the ``/llmman/node`` lists of each node (llmman.cluster.state.node_document;
+a peer's transfers read by llmman.cluster.state.transfers_of): its devices, and its pulls and copies in
+progress (llmman.registry.progress). Without ``pool=1`` only this node is listed, and a peer that does
+not answer is left out.
 
 ``/llmman/on/{node}/api/{name}`` makes one of the dashboard's model calls on a given node of the pool
 (:data:`ON_NODE`: ``GET tags``, ``POST generate`` (load, unload), ``POST pull``, ``DELETE delete``): ``node``
@@ -38,7 +42,7 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from llmman.api.ollama_infer import json_response
 from llmman.api.services import Services
 from llmman.cluster.peers import Peers, peer_name
-from llmman.cluster.state import node_document
+from llmman.cluster.state import node_document, transfers_of
 from llmman.config.table import HostAddress
 from llmman.errors import LlmmanError, NotFound
 
@@ -79,10 +83,11 @@ async def devices(request: Request) -> Response:
     """``GET /llmman/devices``."""
     services: Services = request.app.state.services
     settings = services.settings
+    transfers = services.puller.transfers.snapshot() if services.puller is not None else []
     mine = node_document(services.scheduler, services.store, name=settings.node_name,
-                         fallback=settings.fallback, max_queue=settings.max_queue)
+                         fallback=settings.fallback, max_queue=settings.max_queue, transfers=transfers)
     nodes = [{"name": settings.node_name, "address": settings.host.netloc, "self": True,
-              "devices": mine["devices"]}]
+              "devices": mine["devices"], "transfers": mine["transfers"]}]
     peers = services.peers
     if peers and request.query_params.get("pool", "").lower() in ("1", "true", "yes"):
         async def one(address: HostAddress) -> dict[str, Any] | None:
@@ -94,7 +99,8 @@ async def devices(request: Request) -> Response:
                 return None
             found = doc.get("devices")
             return {"name": doc.get("name") or peer_name(address), "address": peer_name(address),
-                    "self": False, "devices": found if isinstance(found, list) else []}
+                    "self": False, "devices": found if isinstance(found, list) else [],
+                    "transfers": transfers_of(doc)}
 
         nodes += [n for n in await asyncio.gather(*(one(a) for a in peers.up())) if n is not None]
     return json_response({"nodes": nodes})
@@ -102,6 +108,9 @@ async def devices(request: Request) -> Response:
 
 ON_NODE = frozenset({("GET", "tags"), ("POST", "generate"), ("POST", "pull"), ("DELETE", "delete")})
 """The calls ``/llmman/on/{node}/api/{name}`` passes on: ``(method, name)``."""
+
+PASSED_HEADERS = ("cache-control", "x-accel-buffering")
+"""The peer's answer headers passed on besides its content type (a pull's stream is not buffered)."""
 
 
 def _peer(peers: Peers | None, node: str) -> HostAddress | None:
@@ -147,5 +156,6 @@ async def on_node(request: Request) -> Response:
         finally:
             answer.release()
 
-    return StreamingResponse(body(), status_code=answer.status,
+    kept = {k: v for k in PASSED_HEADERS if (v := answer.headers.get(k)) is not None}
+    return StreamingResponse(body(), status_code=answer.status, headers=kept,
                              media_type=answer.headers.get("content-type", "application/json"))

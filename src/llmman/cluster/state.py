@@ -7,12 +7,16 @@ Document (bytes, counts)::
      "name": "spark", "version": "0.1.0", "state": "serving" | "draining", "fallback": false,
      "models": {ref: {"slots": n, "in_flight": n, "queued": n, "loading": bool, "draining": bool}},
      "devices": [{"index": i, "name": ..., "total": bytes, ..., "used": bytes, "utilisation": pct,
-                  "temperature": celsius, "power": watts}]}
+                  "temperature": celsius, "power": watts}],
+     "transfers": [{"model": ref, "kind": "pull" | "copy", "source": host, "status": ..., "completed": bytes,
+                    "total": bytes, "started_at": unix s, "elapsed": s, "error"?: ...}]}
 
 The first line is the seed's shape (``memory``, ``loaded``, ``stored``), which is all an older node sends
 and all :func:`parse_node` requires; the rest is optional on reading, so old and new nodes interoperate.
 ``memory`` is what llmman offers for models (0 = unknown: no limit is enforced); ``loaded`` counts each
 loaded or loading model at llama-server's reported figure once loaded, else its estimate.
+``transfers`` lists the pulls and copies from a peer running on the node (llmman.registry.progress);
+:func:`transfers_of` reads a peer's.
 """
 
 from __future__ import annotations
@@ -47,8 +51,9 @@ def model_loads(snaps: Iterable[LoadedSnapshot]) -> dict[str, ModelLoad]:
 
 
 def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bool,
-                  max_queue: int) -> dict[str, Any]:
-    """This node's ``/llmman/node`` document (see the module docstring)."""
+                  max_queue: int, transfers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """This node's ``/llmman/node`` document (see the module docstring); ``transfers`` is the puller's
+    table (llmman.registry.progress.Transfers.snapshot), none when not given."""
     snaps = scheduler.snapshot()
     loaded: dict[str, int] = {}
     for snap in snaps:
@@ -71,6 +76,7 @@ def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bo
                          "loading": m.loading, "draining": m.draining}
                    for ref, m in model_loads(snaps).items()},
         "devices": with_telemetry(device_document(scheduler.node_memory, snaps), scheduler.node_memory),
+        "transfers": transfers or [],
     }
 
 
@@ -135,3 +141,42 @@ def parse_node(name: str, url: str, doc: object) -> NodeView | None:
     state = DRAINING if doc.get("state") == DRAINING else SERVING
     return NodeView(name, _figure(memory), loaded, stored, url, node=node if isinstance(node, str) else "",
                     state=state, fallback=doc.get("fallback") is True, models=_models(doc.get("models")))
+
+
+#: At most this many transfers are read from a peer's document, each string clipped to TEXT_MAX.
+TRANSFERS_MAX, TEXT_MAX = 64, 512
+TRANSFER_KINDS = frozenset({"pull", "copy"})
+
+
+def _text(value: object) -> str:
+    return value[:TEXT_MAX] if isinstance(value, str) else ""
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:  # NaN
+        return 0.0
+    return float(min(max(0.0, value), FIGURE_MAX))
+
+
+def transfers_of(doc: object) -> list[dict[str, Any]]:
+    """The optional ``transfers`` of a ``/llmman/node`` document, checked: entries that are not objects,
+    lack a model or name another kind are left out; figures clamped, strings clipped (an older node sends
+    none: an empty list)."""
+    value = doc.get("transfers") if isinstance(doc, dict) else None
+    if not isinstance(value, list):
+        return []
+    out: list[dict[str, Any]] = []
+    for entry in value[:TRANSFERS_MAX]:
+        if not isinstance(entry, dict) or not _text(entry.get("model")) \
+                or entry.get("kind") not in TRANSFER_KINDS:
+            continue
+        total = _count(entry, "total")
+        item: dict[str, Any] = {
+            "model": _text(entry["model"]), "kind": entry["kind"], "source": _text(entry.get("source")),
+            "status": _text(entry.get("status")), "completed": min(_count(entry, "completed"), total),
+            "total": total, "started_at": _seconds(entry.get("started_at")),
+            "elapsed": _seconds(entry.get("elapsed"))}
+        if isinstance(entry.get("error"), str):
+            item["error"] = _text(entry["error"])
+        out.append(item)
+    return out

@@ -9,6 +9,9 @@ the index. Any failure leaves the index exactly as it was (completed blobs stay 
 Pulls of one reference are serialised by a per-reference lock and :meth:`Puller.ensure` re-checks the
 store inside it (no second download of one model): however many requests wait, the model is pulled once.
 
+Every pull and copy is listed in :attr:`Puller.transfers` (:mod:`llmman.registry.progress`) while it runs:
+what, from where, bytes so far; ``/llmman/node`` and the dashboard show it.
+
 Progress events are Ollama's ``/api/pull`` lines: ``{"status": "pulling manifest"}``, per layer
 ``{"status": "pulling <12 hex>", "digest", "total", "completed"}``, ``{"status": "verifying sha256
 digest"}``, ``{"status": "writing manifest"}``, ``{"status": "success"}``.
@@ -35,6 +38,7 @@ from llmman.registry.client import (
 )
 from llmman.registry.credentials import CredentialStore
 from llmman.registry.download import Downloader
+from llmman.registry.progress import COPY, PULL, Transfer, Transfers
 from llmman.store import Store, StoredModel
 
 PARALLEL = 6  # layers fetched at once per pull
@@ -65,6 +69,7 @@ class Puller:
         self.offline = offline
         self.options = options or RegistryOptions()
         self.downloader = Downloader(store)
+        self.transfers = Transfers()
         self._ref_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -90,11 +95,14 @@ class Puller:
             return self._pull(ref, emit, insecure)
 
     def _pull(self, ref: Reference, emit: Emit, insecure: bool) -> StoredModel:
-        if self.offline:
-            host = urlsplit(self.options.hf_endpoint).netloc if ref.is_huggingface else ref.registry
-            if not is_loopback_host(host):
-                raise LlmmanError(f"not pulling {ref} from {host}: llmman is offline (server.offline)",
-                                  status=503, code="offline")
+        host = urlsplit(self.options.hf_endpoint).netloc if ref.is_huggingface else ref.registry
+        if self.offline and not is_loopback_host(host):
+            raise LlmmanError(f"not pulling {ref} from {host}: llmman is offline (server.offline)",
+                              status=503, code="offline")
+        with self.transfers.track(str(ref), PULL, host) as transfer:
+            return self._pull_from(ref, transfer.feeding(emit), insecure, transfer)
+
+    def _pull_from(self, ref: Reference, emit: Emit, insecure: bool, transfer: Transfer) -> StoredModel:
         if ref.is_huggingface:
             from llmman.registry.huggingface import pull_huggingface
 
@@ -105,7 +113,7 @@ class Puller:
                                 offline=self.offline)
         try:
             data, media, manifest = self._manifest(client, ref)
-            self._fetch_all(client, ref.repository, manifests.blobs(manifest), emit)
+            self._fetch_all(client, ref.repository, manifests.blobs(manifest), emit, transfer)
             emit({"status": "verifying sha256 digest"})
             emit({"status": "writing manifest"})
             model = self.store.put_manifest(ref, data, media)
@@ -117,7 +125,8 @@ class Puller:
     def pull_via(self, ref: Reference, client: RegistryClient, emit: Emit = _quiet) -> StoredModel:
         """Pull ``ref``'s repository and tag through ``client`` (another registry, such as a peer
         node's ``/v2/``) and store it under ``ref`` (also when it is stored but lacks a blob: a repair).
-        Single-flight with :meth:`ensure`. The client
+        Single-flight with :meth:`ensure`; listed in :attr:`transfers` as a ``copy`` from the client's
+        registry (the peer's ``host:port``) while it runs. The client
         trusts this puller's CA bundle (``tls.ca_file``) as well as its own. Offline, the client may
         reach only loopback hosts and its own (the peer the operator configured): no redirect or token
         realm leads elsewhere."""
@@ -128,9 +137,11 @@ class Puller:
             found = self.store.find(ref)
             if found is not None and not self.store.missing_blobs(found):
                 return found
-            data, media, manifest = self._manifest(client, ref)
-            self._fetch_all(client, ref.repository, manifests.blobs(manifest), emit)
-            return self.store.put_manifest(ref, data, media)
+            with self.transfers.track(str(ref), COPY, client.registry) as transfer:
+                emit = transfer.feeding(emit)
+                data, media, manifest = self._manifest(client, ref)
+                self._fetch_all(client, ref.repository, manifests.blobs(manifest), emit, transfer)
+                return self.store.put_manifest(ref, data, media)
 
     def push(self, ref: Reference, emit: Emit = _quiet, *, insecure: bool = False,
              source: str | None = None) -> str:
@@ -161,14 +172,16 @@ class Puller:
         return data, media, doc
 
     def _fetch_all(self, client: RegistryClient, repository: str, blobs: list[manifests.Blob],
-                   emit: Emit) -> None:
+                   emit: Emit, transfer: Transfer) -> None:
         lock = threading.Lock()
+        transfer.expect({b.digest: b.size for b in blobs})
 
         def one(blob: manifests.Blob) -> None:
             status = f"pulling {blob.digest.split(':', 1)[1][:12]}"
             last = [0.0]
 
             def progress(done: int) -> None:
+                transfer.advance(blob.digest, done, blob.size)
                 now = time.monotonic()
                 if done not in (0, blob.size) and now - last[0] < PROGRESS_INTERVAL_S:
                     return
