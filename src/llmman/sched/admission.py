@@ -78,6 +78,25 @@ class Admission:
         need = entry.plan.estimate
         allowed = self._allowed(entry, self._rooms([]))
         self._check_alone(entry, need, allowed)
+        marked: list[LoadedModel] = []  # the busy models this admission asked to drain for it
+        try:
+            await self._admit_locked(entry, need, allowed, entries, unload, closed, marked)
+        except BaseException:
+            # Abandoned (the request's client went away: the load is cancelled) or failed: the models
+            # it marked are no longer to go, for nobody; they keep serving and their keep_alive.
+            for victim in marked:
+                if victim.evicting and victim.stopping is None:
+                    log.info("%s no longer needs room: %s stays loaded", entry.plan.reference,
+                             victim.plan.reference)
+                    victim.evicting = False
+            raise
+
+    async def _admit_locked(self, entry: LoadedModel, need: int, allowed: tuple[int, ...] | None,
+                            entries: Callable[[], Iterable[LoadedModel]],
+                            unload: Callable[[LoadedModel], Awaitable[None]], closed: Callable[[], bool],
+                            marked: list[LoadedModel]) -> None:
+        """The admission loop of :meth:`admit`, one at a time; each busy model it marks to drain is
+        appended to ``marked``."""
         async with self._lock:
             while True:
                 if closed():
@@ -109,6 +128,7 @@ class Admission:
                         log.info("%s waits for %s to finish its requests", entry.plan.reference,
                                  victim.plan.reference)
                         victim.evicting = True
+                        marked.append(victim)
                 if not unloaded:
                     await changed.wait()
 
