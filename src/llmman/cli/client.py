@@ -15,8 +15,9 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
 from llmman.errors import LlmmanError, ModelNotFound, ServiceUnavailable
@@ -24,11 +25,37 @@ from llmman.errors import LlmmanError, ModelNotFound, ServiceUnavailable
 if TYPE_CHECKING:
     from llmman.config.settings import Settings
 
-__all__ = ["DaemonClient", "DaemonTLSError", "DaemonUnreachable"]
+__all__ = ["DaemonClient", "DaemonTLSError", "DaemonUnreachable", "Upload"]
 
 _TIMEOUT = 60.0
 _CONNECT_TIMEOUT = 5.0
 _PROBE_TIMEOUT = 2.0
+_BLOCK = 1 << 20  # upload block size
+
+
+class Upload:
+    """A file's bytes for a request body, read in blocks, calling ``progress(bytes_so_far)`` after each
+    (http.client reads a body with ``read``)."""
+
+    def __init__(self, path: Path, progress: Callable[[int], None] | None = None) -> None:
+        self.path = path
+        self.size = path.stat().st_size
+        self.sent = 0
+        self._progress = progress
+        self._file: BinaryIO | None = None
+
+    def read(self, size: int = -1) -> bytes:
+        """The next block ("" at the end); the file is opened on the first read and closed at its end."""
+        if self._file is None:
+            self._file = self.path.open("rb")
+        block = self._file.read(size if size > 0 else _BLOCK)
+        if not block:
+            self._file.close()
+            return b""
+        self.sent += len(block)
+        if self._progress is not None:
+            self._progress(self.sent)
+        return block
 
 
 class DaemonUnreachable(ServiceUnavailable):
@@ -117,9 +144,10 @@ class DaemonClient:
         return conn
 
     def _send(
-        self, method: str, path: str, body: object, timeout: float | None
+        self, method: str, path: str, body: object, timeout: float | None, *, raw: Upload | None = None
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Connect, send one request and read the status line; ``timeout`` None = wait forever."""
+        """Connect, send one request and read the status line; ``timeout`` None = wait forever. ``body`` is
+        sent as JSON, or ``raw`` (a file's bytes, ``application/octet-stream``) instead."""
         connect_timeout = _CONNECT_TIMEOUT if timeout is None else min(timeout, _CONNECT_TIMEOUT)
         conn = self._open(connect_timeout)
         if conn.sock is not None:
@@ -127,8 +155,13 @@ class DaemonClient:
         headers = {"accept": "application/json"}
         if self.api_key:
             headers["authorization"] = f"Bearer {self.api_key}"
-        data = None
-        if body is not None:
+        data: bytes | Upload | None = None
+        if raw is not None:
+            data = raw
+            conn.blocksize = _BLOCK
+            headers["content-type"] = "application/octet-stream"
+            headers["content-length"] = str(raw.size)
+        elif body is not None:
             data = json.dumps(body).encode()
             headers["content-type"] = "application/json"
         try:
@@ -224,6 +257,29 @@ class DaemonClient:
             raise LlmmanError(f"{path}: {exc or type(exc).__name__}") from exc
         finally:
             conn.close()
+
+    def blob_exists(self, digest: str) -> bool:
+        """``HEAD /api/blobs/<digest>``: True when the daemon already stores the blob (an upload is
+        skipped, as Ollama's CLI skips it)."""
+        conn, response = self._send("HEAD", f"/api/blobs/{digest}", None, self.timeout)
+        try:
+            response.read()
+        finally:
+            conn.close()
+        if response.status >= 400 and response.status != 404:
+            raise _error_from(response.status, b"")
+        return response.status < 300
+
+    def upload_blob(self, digest: str, upload: Upload) -> None:
+        """``POST /api/blobs/<digest>`` with the file's bytes (no timeout: a GGUF is gigabytes). The
+        daemon checks the digest; a mismatch is its 400."""
+        conn, response = self._send("POST", f"/api/blobs/{digest}", None, None, raw=upload)
+        try:
+            content = response.read()
+        finally:
+            conn.close()
+        if response.status >= 400:
+            raise _error_from(response.status, content)
 
     def chat_stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """``POST /api/chat`` with ``stream: true``; yield each NDJSON object until ``done: true``.

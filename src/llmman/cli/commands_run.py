@@ -2,8 +2,11 @@
 
 The daemon is started when nothing answers (:func:`llmman.cli.autostart.ensure_server`). Each turn is
 one streamed ``POST /api/chat``: ``message.content`` goes to stdout as it arrives, ``message.thinking``
-to stderr (dimmed on a terminal). One-shot when prompt words are given or stdin is not a terminal (all
-of stdin is the prompt; an empty prompt does nothing).
+to stderr (dimmed on a terminal; not at all with ``--hidethinking``). One-shot when prompt words are given
+or stdin is not a terminal (all of stdin is the prompt; an empty prompt does nothing).
+
+Flags as Ollama's: ``--format json`` (or a JSON schema) is sent as ``format``; ``--verbose`` prints, after
+the answer and on stderr, the final line's timings and token rates (:func:`llmman.cli.tables.format_metrics`).
 
 A cold start talks on a terminal (llmman.cli.coldstart): a model no node stores is pulled with progress
 bars first, and until the first chunk of the answer one line on stderr says what is waited for (pulling,
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from llmman.cli.autostart import ensure_server
@@ -24,21 +28,62 @@ from llmman.cli.coldstart import load, prepare
 if TYPE_CHECKING:
     from llmman.config.settings import Settings
 
-__all__ = ["chat_body", "cmd_run", "stream_reply"]
+__all__ = ["Reply", "chat_body", "cmd_run", "parse_format", "print_metrics", "stream_reply"]
 
 _DIM = "\x1b[2m"
 _RESET = "\x1b[0m"
 
 
-def chat_body(args: argparse.Namespace, messages: list[dict[str, str]]) -> dict[str, Any]:
-    """The ``/api/chat`` request for ``messages`` with the ``run`` flags (think, keep_alive, num_predict)."""
+@dataclass
+class Reply:
+    """One streamed turn: the answer's ``text``, and its ``final`` line (``done: true``, with the
+    metrics; empty when the stream broke off)."""
+
+    text: str = ""
+    final: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_format(text: str | None) -> object:
+    """``--format``: ``json``, or a JSON schema object; None when not given.
+
+    Raises:
+        BadRequest: anything else.
+    """
+    if text is None or text == "":
+        return None
+    if text == "json":
+        return "json"
+    import json
+
+    from llmman.errors import BadRequest
+
+    try:
+        schema = json.loads(text)
+    except ValueError:
+        schema = None
+    if not isinstance(schema, dict):
+        raise BadRequest(f'invalid --format {text!r}: "json" or a JSON schema object')
+    return schema
+
+
+def chat_body(args: argparse.Namespace, messages: list[dict[str, str]],
+              options: dict[str, object] | None = None) -> dict[str, Any]:
+    """The ``/api/chat`` request for ``messages`` with the ``run`` flags (think, keep_alive, num_predict,
+    format); ``options`` (the REPL's ``/set parameter``) are sent too, over ``--num-predict``."""
     body: dict[str, Any] = {"model": args.model, "messages": messages, "stream": True}
     if args.think is not None:
         body["think"] = args.think
     if args.keepalive is not None:
         body["keep_alive"] = args.keepalive
+    sent: dict[str, object] = {}
     if args.num_predict is not None:
-        body["options"] = {"num_predict": args.num_predict}
+        sent["num_predict"] = args.num_predict
+    sent.update(options or {})
+    if sent:
+        body["options"] = sent
+    fmt = parse_format(getattr(args, "format", None))
+    if fmt is not None:
+        body["format"] = fmt
     return body
 
 
@@ -51,11 +96,12 @@ def _isatty(stream: TextIO) -> bool:
 
 def stream_reply(
     client: DaemonClient, body: dict[str, Any], out: TextIO | None = None, err: TextIO | None = None,
-    on_first: Callable[[], None] | None = None,
-) -> str:
-    """Stream one chat turn: content to ``out`` as it arrives, thinking to ``err``; end ``out`` with a
-    newline. ``on_first`` is called once, before the first chunk is written or when the turn ends without
-    one (it clears the cold-start line). Returns the full content (for the conversation history).
+    on_first: Callable[[], None] | None = None, *, hide_thinking: bool = False,
+) -> Reply:
+    """Stream one chat turn: content to ``out`` as it arrives, thinking to ``err`` (unless
+    ``hide_thinking``); end ``out`` with a newline. ``on_first`` is called once, before the first chunk is
+    written or when the turn ends without one (it clears the cold-start line). Returns the full content
+    (for the conversation history) and the final line.
 
     Raises:
         LlmmanError: the daemon's error, before or during the stream (after a newline on ``out``).
@@ -63,6 +109,7 @@ def stream_reply(
     out = out or sys.stdout
     err = err or sys.stderr
     dim = _isatty(err)
+    reply = Reply()
     parts: list[str] = []
     thinking = False
     done = False
@@ -71,9 +118,11 @@ def stream_reply(
             if on_first is not None:
                 on_first()
                 on_first = None
+            if chunk.get("done"):
+                reply.final = chunk
             message = chunk.get("message") or {}
             thought = message.get("thinking")
-            if thought:
+            if thought and not hide_thinking:
                 if not thinking and dim:
                     err.write(_DIM)
                 thinking = True
@@ -95,11 +144,23 @@ def stream_reply(
         if thinking:
             err.write((_RESET if dim else "") + "\n")
             err.flush()
-        text = "".join(parts)
-        if (done or text) and not text.endswith("\n"):
+        reply.text = "".join(parts)
+        if (done or reply.text) and not reply.text.endswith("\n"):
             out.write("\n")
         out.flush()
-    return text
+    return reply
+
+
+def print_metrics(reply: Reply, err: TextIO | None = None) -> None:
+    """``--verbose``: a blank line, then the turn's timings (:func:`llmman.cli.tables.format_metrics`) on
+    ``err`` (default stderr), as Ollama prints them."""
+    from llmman.cli.tables import format_metrics
+
+    err = err or sys.stderr
+    text = format_metrics(reply.final)
+    if text:
+        err.write("\n" + text)
+        err.flush()
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
@@ -112,6 +173,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             parse_duration(args.keepalive, what="keepalive")
         except BadRequest as exc:
             raise BadRequest(f"invalid --keepalive: {exc}") from None
+    parse_format(args.format)  # a bad --format is said before anything starts
     prompt = " ".join(args.prompt)
     interactive = not prompt and _isatty(sys.stdin)
     if not prompt and not interactive:
@@ -128,10 +190,12 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
                 with waiting:
                     load(client, args.model, keep_alive=args.keepalive)
             return interactive_chat(client, args)
+        body = chat_body(args, [{"role": "user", "content": prompt}])
         if waiting is None:
-            stream_reply(client, chat_body(args, [{"role": "user", "content": prompt}]))
+            reply = stream_reply(client, body, hide_thinking=args.hidethinking)
         else:
             with waiting:
-                stream_reply(client, chat_body(args, [{"role": "user", "content": prompt}]),
-                             on_first=waiting.stop)
+                reply = stream_reply(client, body, on_first=waiting.stop, hide_thinking=args.hidethinking)
+        if args.verbose:
+            print_metrics(reply)
     return 0

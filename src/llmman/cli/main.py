@@ -43,6 +43,7 @@ _HANDLERS = {
     "show": "commands_store:cmd_show",
     "inspect": "commands_store:cmd_inspect",
     "build": "commands_store:cmd_build",
+    "create": "commands_create:cmd_create",
     "import": "commands_import:cmd_import",
     "verify": "commands_store:cmd_verify",
     "pull": "commands_pull:cmd_pull",
@@ -50,6 +51,7 @@ _HANDLERS = {
     "login": "commands_pull:cmd_login",
     "logout": "commands_pull:cmd_logout",
     "gpu-discover": "commands_gpu:cmd_gpu_discover",
+    "completion": "commands_completion:cmd_completion",
 }
 
 
@@ -69,10 +71,47 @@ def _think(text: str) -> bool | str:
     raise argparse.ArgumentTypeError(f"invalid think value {text!r} (true, false, low, medium or high)")
 
 
+def environment_help() -> str:
+    """``serve --help``'s list of environment variables, as Ollama prints its ``OLLAMA_*`` ones: each
+    setting's variable (from :data:`llmman.config.table.SETTINGS`), its one-line doc and default, and the
+    Ollama variable read when it is unset."""
+    from llmman.config.table import SETTINGS
+
+    specs = [spec for spec in SETTINGS if spec.env]
+    width = max(len(str(spec.env)) for spec in specs) + 2
+    lines = ["Environment Variables:"]
+    for spec in specs:
+        notes = [f"default {spec.default}"] if spec.default else []
+        if spec.ollama_env:
+            notes.append(f"or {spec.ollama_env}")
+        tail = f" ({'; '.join(notes)})" if notes else ""
+        lines.append(f"  {str(spec.env).ljust(width)}{spec.doc}{tail}")
+    return "\n".join(lines)
+
+
+class _EnvHelp(argparse.Action):
+    """``-h``/``--help`` of ``serve``: the usual help, then :func:`environment_help` (read only when asked,
+    so no other verb pays for the settings table)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.epilog = environment_help()
+        parser.print_help()
+        parser.exit()
+
+
 def _verb(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_text: str,
-          *, store: bool = False, aliases: tuple[str, ...] = (), handler: str | None = None
-          ) -> argparse.ArgumentParser:
-    parser = sub.add_parser(name, help=help_text, description=help_text, aliases=list(aliases))
+          *, store: bool = False, aliases: tuple[str, ...] = (), handler: str | None = None,
+          env_help: bool = False) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text, description=help_text, aliases=list(aliases),
+                            add_help=not env_help, formatter_class=argparse.RawDescriptionHelpFormatter
+                            if env_help else argparse.HelpFormatter)
+    if env_help:
+        parser.add_argument("-h", "--help", action=_EnvHelp, help="show this help message and exit")
     parser.set_defaults(verb=handler or name)
     if store:
         # SUPPRESS: a value given before the verb (the global --store) is not overwritten by a default.
@@ -105,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--store", metavar="DIR", default=None, help="the model store (LLMMAN_MODELS)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = _verb(sub, "serve", "Start the llmman daemon", store=True)
+    p = _verb(sub, "serve", "Start the llmman daemon", store=True, env_help=True)
     p.add_argument("model", nargs="?", help="a model to load at start")
     p.add_argument("--host", help="address to listen on (LLMMAN_HOST)")
 
@@ -116,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--think", type=_think, help="true, false, low, medium or high")
     p.add_argument("--keepalive", metavar="DUR", help="how long to keep the model loaded (5m, 1h, -1)")
     p.add_argument("--num-predict", type=int, metavar="N", help="maximum tokens to generate")
+    p.add_argument("--format", metavar="FORMAT", help='the answer\'s format: "json", or a JSON schema')
+    p.add_argument("--verbose", action="store_true", help="show timings and token rates after each answer")
+    p.add_argument("--hidethinking", action="store_true", help="do not print the model's thinking")
 
     _verb(sub, "ps", "List loaded models")
     p = _verb(sub, "stop", "Unload a model")
@@ -156,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--tag", required=True, metavar="REF")
     p.add_argument("-l", "--label", type=_label, action="append", default=[], metavar="K=V")
     p.add_argument("path", nargs="?", default=".", metavar="PATH")
+    p = _verb(sub, "create", "Create a model from a Modelfile", store=True)
+    p.add_argument("model", metavar="NAME")
+    p.add_argument("-f", "--file", default="Modelfile", metavar="FILE",
+                   help="the Modelfile (default: ./Modelfile)")
+    p.add_argument("-q", "--quantize", metavar="QUANT", help="not supported: the daemon says why")
     p = _verb(sub, "import", "Use models already on disk (Ollama, Hugging Face, llama.cpp, LM Studio, GGUF "
               "folders) without a second copy", store=True)
     p.add_argument("sources", nargs="*", metavar="SOURCE",
@@ -168,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     _transfer_verbs(sub)
 
     _verb(sub, "gpu-discover", "Show the accelerator, its memory and the figure llmman uses")
+    p = _verb(sub, "completion", "Print a shell completion script: bash, zsh or fish")
+    p.add_argument("shell", choices=("bash", "zsh", "fish"))
 
     p = _verb(sub, "config", "Show or edit the configuration")
     csub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -181,6 +230,37 @@ def build_parser() -> argparse.ArgumentParser:
     c = csub.add_parser("unset", help="remove a value from the user config file")
     c.add_argument("key")
     return parser
+
+
+def _verbs(parser: argparse.ArgumentParser) -> list[str]:
+    """Every verb and alias of ``parser``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    return []
+
+
+def unknown_verb(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The error for a first word that is no verb, with the close ones (``difflib``), as Ollama's CLI
+    (cobra) words it; None when the verb is known (or there is none: argparse says so)."""
+    import difflib
+
+    words = iter(argv)
+    for word in words:
+        if word == "--store":
+            next(words, None)
+            continue
+        if word.startswith("-"):
+            continue
+        verbs = _verbs(parser)
+        if word in verbs:
+            return None
+        text = f'Error: unknown command "{word}" for "llmman"\n'
+        close = difflib.get_close_matches(word, verbs, n=3, cutoff=0.6)
+        if close:
+            text += "\nDid you mean this?\n" + "".join(f"\t{verb}\n" for verb in close)
+        return text + "\nRun 'llmman --help' for usage.\n"
+    return None
 
 
 def load_cli_settings(args: argparse.Namespace) -> Settings:
@@ -208,7 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     from llmman.errors import LlmmanError
 
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    unknown = unknown_verb(parser, words)
+    if unknown is not None:
+        print(unknown, file=sys.stderr, end="")
+        raise SystemExit(2)  # a usage error, as argparse's own
+    args, extra = parser.parse_known_args(words)
     if extra:
         # `llmman run MODEL --num-predict 5 "hi"`: argparse ends the prompt words at the first flag;
         # words after it are still the prompt (Ollama's CLI takes flags anywhere).

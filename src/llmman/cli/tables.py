@@ -6,6 +6,8 @@ shapes follow Ollama's CLI (``cmd/cmd.go``, ``format/``) with llmman's columns:
 * ``ps``: NAME ID SIZE PROCESSOR CONTEXT STARTED [NODE] UNTIL — NODE only when an entry has one.
 * ``list``: NAME ID SIZE MODIFIED.
 * ``nodes``: NODE ADDRESS STATE MEMORY MODELS LAST SEEN (``/llmman/pool``).
+* ``run --verbose``: the timings of the final ``done`` line, as Ollama's ``api.Metrics.Summary`` prints them
+  (:func:`format_metrics`, durations in Go's notation: :func:`go_duration`).
 
 Columns are left-aligned and separated by four spaces; the header is always printed; trailing spaces
 are trimmed.
@@ -19,9 +21,11 @@ from typing import Any
 
 __all__ = [
     "format_ago",
+    "format_metrics",
     "format_show",
     "format_size",
     "format_until",
+    "go_duration",
     "list_table",
     "nodes_table",
     "processor",
@@ -324,3 +328,59 @@ def format_show(data: Mapping[str, Any], *, verbose: bool = False) -> str:
 def _short(value: object, limit: int = 80) -> str:
     text = str(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _decimal(n: int, unit: int) -> str:
+    """``n / unit`` with the fraction's trailing zeros dropped (``1500, 1000`` -> ``1.5``)."""
+    whole, rest = divmod(n, unit)
+    if not rest:
+        return str(whole)
+    digits = str(rest).rjust(len(str(unit)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}"
+
+
+def go_duration(ns: int) -> str:
+    """Nanoseconds as Go's ``time.Duration`` prints them: ``0s``, ``850ns``, ``1.5µs``, ``30.291ms``,
+    ``1.560291s``, ``2m3.5s``, ``1h0m0s``."""
+    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
+    if ns == 0:
+        return "0s"
+    if ns < 1000:
+        return f"{sign}{ns}ns"
+    if ns < 10**6:
+        return f"{sign}{_decimal(ns, 1000)}µs"
+    if ns < 10**9:
+        return f"{sign}{_decimal(ns, 10**6)}ms"
+    hours, rest = divmod(ns, 3600 * 10**9)
+    minutes, rest = divmod(rest, 60 * 10**9)
+    head = f"{hours}h{minutes}m" if hours else f"{minutes}m" if minutes else ""
+    return f"{sign}{head}{_decimal(rest, 10**9)}s"
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def format_metrics(final: Mapping[str, Any]) -> str:
+    """``run --verbose``'s lines from a final ``done`` chunk (``total_duration``, ``load_duration``,
+    ``prompt_eval_count``/``_duration``, ``eval_count``/``_duration``, in ns), as Ollama prints them: a
+    line only for a figure above zero, a rate with each duration; ends in a newline ("" when none)."""
+    total, load = _count(final.get("total_duration")), _count(final.get("load_duration"))
+    prompt_n, prompt_ns = _count(final.get("prompt_eval_count")), _count(final.get("prompt_eval_duration"))
+    eval_n, eval_ns = _count(final.get("eval_count")), _count(final.get("eval_duration"))
+    lines = []
+    if total:
+        lines.append(f"total duration:       {go_duration(total)}")
+    if load:
+        lines.append(f"load duration:        {go_duration(load)}")
+    if prompt_n:
+        lines.append(f"prompt eval count:    {prompt_n} token(s)")
+    if prompt_ns:
+        lines.append(f"prompt eval duration: {go_duration(prompt_ns)}")
+        lines.append(f"prompt eval rate:     {prompt_n / (prompt_ns / 1e9):.2f} tokens/s")
+    if eval_n:
+        lines.append(f"eval count:           {eval_n} token(s)")
+    if eval_ns:
+        lines.append(f"eval duration:        {go_duration(eval_ns)}")
+        lines.append(f"eval rate:            {eval_n / (eval_ns / 1e9):.2f} tokens/s")
+    return "".join(line + "\n" for line in lines)

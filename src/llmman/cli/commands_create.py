@@ -1,0 +1,97 @@
+"""``llmman create NAME [-f Modelfile]``: a model from an Ollama Modelfile, made by the daemon's
+``/api/create``.
+
+As Ollama's CLI does it (``cmd/cmd.go`` CreateHandler): the Modelfile is read here
+(:mod:`llmman.cli.modelfile`); a ``FROM`` naming a local GGUF file (or a folder of them) is hashed, uploaded
+with ``POST /api/blobs/<digest>`` unless the daemon already has it (``HEAD``), and named in ``files``; then
+``POST /api/create`` streams its progress. The lines are those of ``llmman pull``
+(:class:`llmman.cli.commands_pull.ProgressView`): ``gathering model components``, a bar per uploaded file
+(``copying file sha256:…``), then the daemon's statuses, ending with ``success``. A daemon is started when
+none answers, as for ``llmman run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmman.cli.autostart import ensure_server
+from llmman.cli.client import DaemonClient, Upload
+from llmman.cli.modelfile import create_body, parse_modelfile
+from llmman.errors import BadRequest, LlmmanError
+from llmman.refs import parse_reference
+
+if TYPE_CHECKING:
+    from llmman.cli.commands_pull import ProgressView
+    from llmman.config.settings import Settings
+
+__all__ = ["cmd_create", "file_digest", "upload_files"]
+
+_BLOCK = 1 << 20
+
+
+def file_digest(path: Path) -> str:
+    """``sha256:<hex>`` of the file at ``path``."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_BLOCK):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def upload_files(client: DaemonClient, paths: list[Path], view: ProgressView) -> dict[str, str]:
+    """Upload each file the daemon does not have yet; returns ``files`` (name -> digest) for
+    ``/api/create``.
+
+    Raises:
+        BadRequest: two files with the same name (``files`` is keyed by name).
+    """
+    files: dict[str, str] = {}
+    for path in paths:
+        if path.name in files:
+            raise BadRequest(f"two files named {path.name!r}: {path} and another")
+        digest = file_digest(path)
+        files[path.name] = digest
+        size = path.stat().st_size
+        status = f"copying file {digest}"
+        if client.blob_exists(digest):
+            view({"status": status, "digest": digest, "total": size, "completed": size})
+            continue
+        view({"status": status, "digest": digest, "total": size, "completed": 0})
+
+        def progress(sent: int, digest: str = digest, size: int = size, status: str = status) -> None:
+            view({"status": status, "digest": digest, "total": size, "completed": sent})
+
+        client.upload_blob(digest, Upload(path, progress))
+    return files
+
+
+def cmd_create(args: argparse.Namespace, settings: Settings) -> int:
+    """``llmman create NAME [-f FILE] [-q QUANT]``: see the module docstring. The Modelfile is read and
+    checked before a daemon is asked anything."""
+    from llmman.cli.commands_pull import ProgressView
+
+    path = Path(args.file).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadRequest(f"no Modelfile at {path} (name one with -f)") from None
+    except UnicodeDecodeError:
+        raise BadRequest(f"{path}: not a UTF-8 text file") from None
+    ref = parse_reference(args.model, settings.aliases)
+    request = create_body(parse_modelfile(text), path.resolve().parent)
+    body: dict[str, Any] = {"model": str(ref), **request.body}
+    if args.quantize:
+        body["quantize"] = args.quantize  # the daemon refuses it, with its reason
+    client = ensure_server(settings, store=getattr(args, "store", None))
+    with client, ProgressView() as view:
+        view({"status": "gathering model components"})
+        if request.paths:
+            body["files"] = upload_files(client, request.paths, view)
+        for line in client.ndjson_stream("/api/create", body):
+            view(line)
+    if not view.success:
+        raise LlmmanError("the daemon ended the create without success")
+    return 0
