@@ -255,6 +255,8 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
     preloads += [ref for ref, preset in settings.presets.items() if preset.preload and ref not in preloads]
     preload_tasks = [asyncio.create_task(_preload(gateway, name)) for name in preloads]
     peers.start()  # the background refresh of the peers' state; peers.close() below stops it
+    if settings.scan_dirs:  # store.scan_dirs: imported in the background, the daemon answers meanwhile
+        _start_scan(store, settings.scan_dirs)
     try:
         await server.serve()
     finally:
@@ -269,6 +271,17 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         await peers.session.close()
         await asyncio.to_thread(obs.close)
     return 0 if server.started else 1
+
+
+def _start_scan(store: Store, entries: tuple[str, ...]) -> None:
+    """Import the models of ``store.scan_dirs`` in a daemon thread (llmman.store.imports.scan)."""
+    import threading
+
+    from llmman.config.model_dirs import model_dirs
+    from llmman.store.imports.scan import import_scan_dirs
+
+    threading.Thread(target=import_scan_dirs, args=(store, entries, model_dirs()), name="llmman-scan",
+                     daemon=True).start()
 
 
 def _graceful_timeout(grace: float) -> int:

@@ -2,7 +2,9 @@
 
 Sources: OCI image-spec 1.1 (manifest.md, image-index.md, descriptor.md), Docker image manifest v2
 schema 2 and manifest list, Docker Model Runner artifacts (``application/vnd.docker.ai.*``) and CNCF
-ModelPack (``artifactType`` ``application/vnd.cncf.model.manifest.v1+json``).
+ModelPack (``artifactType`` ``application/vnd.cncf.model.manifest.v1+json``), and Ollama's registry format
+(a Docker v2 manifest whose config is ``application/vnd.docker.container.image.v1+json`` and whose layers
+are ``application/vnd.ollama.image.*``: stored as is, served by :func:`llmman.store.layer_role`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from llmman.registry.client import RegistryError
 from llmman.store import mediatypes as mt
 from llmman.store.layout import digest_hex
 
-_MODEL_PREFIXES = ("application/vnd.docker.ai.", "application/vnd.cncf.model.")
+_MODEL_PREFIXES = ("application/vnd.docker.ai.", "application/vnd.cncf.model.", mt.OLLAMA_PREFIX)
 
 
 @dataclass(frozen=True)

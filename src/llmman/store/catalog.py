@@ -52,6 +52,17 @@ def stored_name(ref: Reference) -> str:
     return f"{ref.registry}/{ref.repository}:{ref.tag}"
 
 
+def imported_origin(layout: Layout, model: StoredModel, digest: str) -> str | None:
+    """Where ``model``'s blob ``digest`` was imported from (``llmman import``), or None for a blob the
+    store owns: a reference (the blob is a symlink) names its target; a hard link, the file named in the
+    manifest's ``ai.llmman.imported-from`` annotation."""
+    with contextlib.suppress(OSError, StoreError):
+        return os.readlink(layout.blob_path(digest))
+    ann = model.manifest.get("annotations")
+    origin = ann.get(mt.IMPORTED_FROM) if isinstance(ann, dict) else None
+    return origin if isinstance(origin, str) and origin else None
+
+
 def _matches(entry: dict[str, Any], ref: Reference) -> bool:
     ann = entry.get("annotations")
     name = ann.get(mt.REF_NAME) if isinstance(ann, dict) else None
@@ -119,7 +130,16 @@ class Store:
         blob)."""
         if verify:
             for digest in gguf_digests(model):
-                if self.layout.verify_blob(digest) == "corrupt":
+                origin = imported_origin(self.layout, model, digest)  # before a corrupt link is removed
+                state = self.layout.verify_blob(digest)
+                if state != "ok" and origin is not None:
+                    what = "has changed (its bytes no longer match" if state == "corrupt" else \
+                        "is gone (moved or deleted" if state == "missing" else ""
+                    raise StoreError(
+                        f"{origin}, which {model.reference} was imported from, {what} blob {digest}); "
+                        f"llmman does not use it: run `llmman import` on it again", status=503,
+                        code="import_changed" if state == "corrupt" else "import_missing")
+                if state == "corrupt":
                     raise StoreError(
                         f"blob {digest} of {model.reference} was corrupt (its bytes no longer match its "
                         f"sha256) and has been removed; pull the model again or run `llmman verify "

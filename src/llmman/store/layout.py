@@ -351,11 +351,15 @@ class Layout:
         finally:
             os.close(fd)
 
-    def publish_file(self, path: Path, digest: str) -> None:
+    def publish_file(self, path: Path, digest: str, *, verified: bool = True) -> None:
         """Move an already verified, fsynced file (in the same file system) to ``blobs/sha256/<hex>``,
         pinned against gc; a blob already present is kept and ``path`` removed. The caller verified
         the bytes (the resumable downloads of :mod:`llmman.registry.download`). A present blob that is
-        not verified (:meth:`is_verified`: changed since it was last hashed) is replaced by ``path``."""
+        not verified (:meth:`is_verified`: changed since it was last hashed) is replaced by ``path``.
+
+        ``verified=False`` (``llmman import`` of a file whose source names its digest, not hashed yet):
+        no record is written, so the first :meth:`verify_blob` (at the first load) hashes it. ``path``
+        may be a hard link or a symlink (an imported file, :mod:`llmman.store.imports.adopt`)."""
         self.ensure()
         with self.lock():
             self.pin(digest)
@@ -365,7 +369,10 @@ class Layout:
             else:
                 os.replace(path, final)
                 _fsync_dir(self.blobs)
-                self.record_verified(digest)
+                if verified:
+                    self.record_verified(digest)
+                else:
+                    self.forget_verified([digest])
 
     def blob_digests(self) -> list[str]:
         """Every ``sha256:<hex>`` blob present on disk."""

@@ -9,6 +9,12 @@ Derived models (``POST /api/create`` with ``system``/``parameters``/``messages``
 them by the same name: ``application/vnd.ollama.image.system`` (UTF-8 text), ``.params`` (a JSON object of
 Ollama options), ``.messages`` (a JSON array of ``{role, content}``), ``.license`` (UTF-8 text, one layer
 per license).
+
+Ollama's own models (its local store, read by ``llmman import``, and manifests pulled from a registry in
+Ollama's format) name the weights ``application/vnd.ollama.image.model`` (one GGUF), the vision projector
+``.projector``, a LoRA ``.adapter`` (not servable: llmman refuses such a model) and a Go ``.template``
+(kept in the manifest, not used: the GGUF's own chat template is); their config is a Docker image config
+(``application/vnd.docker.container.image.v1+json``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ CREATED = "org.opencontainers.image.created"
 FILEPATH = "org.cncf.model.filepath"
 ROLE = "ai.llmman.role"
 ROLE_MMPROJ = "mmproj"
+IMPORTED_FROM = "ai.llmman.imported-from"  # manifest annotation: the path ``llmman import`` read
 
 # Ollama Modelfile layers, used by derived models
 OLLAMA_SYSTEM = "application/vnd.ollama.image.system"
@@ -49,4 +56,9 @@ OLLAMA_PARAMS = "application/vnd.ollama.image.params"
 OLLAMA_MESSAGES = "application/vnd.ollama.image.messages"
 OLLAMA_LICENSE = "application/vnd.ollama.image.license"
 OLLAMA_TEMPLATE = "application/vnd.ollama.image.template"
+OLLAMA_MODEL = "application/vnd.ollama.image.model"
+OLLAMA_PROJECTOR = "application/vnd.ollama.image.projector"
+OLLAMA_ADAPTER = "application/vnd.ollama.image.adapter"
+OLLAMA_PREFIX = "application/vnd.ollama.image."
+DOCKER_IMAGE_CONFIG = "application/vnd.docker.container.image.v1+json"
 DERIVED_TYPES = frozenset({OLLAMA_SYSTEM, OLLAMA_PARAMS, OLLAMA_MESSAGES, OLLAMA_LICENSE})

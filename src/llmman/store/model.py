@@ -4,6 +4,8 @@ Layer roles understood when reading (Docker Model Runner's ``model-distribution`
 
 * Docker Model Runner artifacts: ``application/vnd.docker.ai.gguf.v3`` (weights, one layer per shard),
   ``application/vnd.docker.ai.mmproj`` (vision projector), ``application/vnd.docker.ai.license`` (doc).
+* Ollama (its store, and its registry format): ``application/vnd.ollama.image.model`` (weights, one
+  GGUF), ``application/vnd.ollama.image.projector`` (vision projector).
 * CNCF ModelPack: ``application/vnd.cncf.model.weight.v1.raw`` layers whose file name ends in ``.gguf``
   are weights, unless annotated ``ai.llmman.role: mmproj`` or named ``mmproj*`` (the projector);
   ``application/vnd.cncf.model.doc.*`` are docs. Tarred or compressed weight layers are not servable.
@@ -88,9 +90,9 @@ def layer_filename(desc: dict[str, Any]) -> str:
 def layer_role(desc: dict[str, Any]) -> Role:
     """Classify a layer descriptor as ``model`` (GGUF weights/shard), ``mmproj``, ``doc`` or ``other``."""
     media = desc.get("mediaType")
-    if media == mt.DOCKER_AI_GGUF:
+    if media in (mt.DOCKER_AI_GGUF, mt.OLLAMA_MODEL):
         return "model"
-    if media == mt.DOCKER_AI_MMPROJ:
+    if media in (mt.DOCKER_AI_MMPROJ, mt.OLLAMA_PROJECTOR):
         return "mmproj"
     if media == mt.DOCKER_AI_LICENSE or (isinstance(media, str) and media.startswith(mt.MODEL_DOC_PREFIX)):
         return "doc"
