@@ -23,9 +23,11 @@ import aiohttp
 from llmman.cluster.copy import PullSource, copy_from_peer
 from llmman.config.presets import Preset, by_reference
 from llmman.errors import LlmmanError, ModelNotFound, NotFound, RunnerError
+from llmman.protocol.ollama.fields import RunnerOptions
 from llmman.refs import Reference, parse_reference
 from llmman.registry.puller import Puller
-from llmman.sched.memory import estimate
+from llmman.runner.argv import LoadOptions, load_args
+from llmman.sched.memory import N_UBATCH, estimate
 from llmman.sched.scheduler import Lease, ModelPlan, Runner, Scheduler
 from llmman.store import Store, StoredModel
 
@@ -225,11 +227,21 @@ class Gateway:
             raise ModelNotFound(name, f"pull failed: {exc.strerror or exc}") from exc
         return self.resolve(name)
 
-    def plan(self, model: ResolvedModel, num_ctx: int | None = None, *, embedding: bool = False) -> ModelPlan:
+    def plan(self, model: ResolvedModel, num_ctx: int | None = None, *, embedding: bool = False,
+             options: RunnerOptions | None = None) -> ModelPlan:
         """Build the scheduler's plan for ``model``: files, size and the per-slot context
         (``num_ctx`` or the default, clamped to the GGUF's trained context). ``embedding`` asks for a
         child started with ``--embeddings`` (plus ``--pooling mean`` for a model whose GGUF names no
-        pooling type, i.e. a chat model: llama-server refuses OpenAI embeddings with pooling ``none``)."""
+        pooling type, i.e. a chat model: llama-server refuses OpenAI embeddings with pooling ``none``).
+
+        ``options`` are the request's load options (Ollama's, llmman.protocol.ollama.fields.runner_options;
+        its ``num_ctx`` is used when ``num_ctx`` is None): ``num_gpu`` overrides the preset's ``-ngl``,
+        the others become flags after the preset's ``extra_args`` (llmman.runner.argv.load_args), and
+        ``num_batch`` is the physical batch the memory estimate counts. A plan with other load options
+        is another child (ModelPlan.child); asking for it reloads the model (llmman.sched.plan.reloads)."""
+        options = options or RunnerOptions()
+        if num_ctx is None:
+            num_ctx = options.num_ctx
         files = self.store.files(model.stored)
         info = self.store.info(model.stored)
         preset = self._presets.get(model.stored.reference)
@@ -240,7 +252,12 @@ class Gateway:
             n_ctx = min(n_ctx, int(info.context_length))
         n_ctx = max(n_ctx, 256)
         projector = files.mmproj.stat().st_size if files.mmproj and files.mmproj.exists() else 0
-        predicted = estimate(info, n_ctx=n_ctx, n_parallel=n_parallel, extra_weights=projector)
+        load = LoadOptions(threads=options.num_thread, batch=options.num_batch, main_gpu=options.main_gpu,
+                           mmap=options.use_mmap, mlock=options.use_mlock)
+        batch = options.num_batch if options.num_batch and not embedding else N_UBATCH
+        predicted = estimate(info, n_ctx=n_ctx, n_parallel=n_parallel, extra_weights=projector,
+                             n_ubatch=min(batch, n_ctx * n_parallel))
+        preset_layers = preset.gpu_layers if preset else None
         return ModelPlan(
             reference=model.stored.reference,
             digest=model.stored.digest,
@@ -253,17 +270,22 @@ class Gateway:
             embedding=embedding,
             pooling="mean" if embedding and f"{info.architecture}.pooling_type" not in info.metadata
             else None,
-            n_gpu_layers=preset.gpu_layers if preset else None,
+            n_gpu_layers=options.num_gpu if options.num_gpu is not None else preset_layers,
             devices=preset.devices if preset else None,
-            extra_args=preset.extra_args if preset else (),
+            extra_args=(preset.extra_args if preset else ()) + load_args(load, embedding=embedding,
+                                                                          n_ctx=n_ctx),
+            load=load,
+            asked_gpu_layers=options.num_gpu,
         )
 
     async def acquire(self, model: ResolvedModel, *, keep_alive: float | None, num_ctx: int | None,
-                      embedding: bool = False, request: str | None = None) -> Lease:
+                      embedding: bool = False, request: str | None = None,
+                      options: RunnerOptions | None = None) -> Lease:
         """Lease ``model``'s child (its embedding child if ``embedding``), loading it if needed (see
-        :meth:`Scheduler.acquire`; ``request`` is the request's :func:`fingerprint`)."""
+        :meth:`Scheduler.acquire`; ``request`` is the request's :func:`fingerprint`; ``options`` its load
+        options, see :meth:`plan`)."""
         # In a thread: the plan may stat or hash the model's files (a changed blob is verified again).
-        plan = await asyncio.to_thread(self.plan, model, num_ctx, embedding=embedding)
+        plan = await asyncio.to_thread(self.plan, model, num_ctx, embedding=embedding, options=options)
         preset = self._presets.get(model.stored.reference)
         if keep_alive is None and preset is not None and preset.keep_alive is not None and not preset.preload:
             # The preset's default for this model; a request's own wins. A preloaded model stays pinned.
@@ -283,6 +305,7 @@ class Gateway:
         num_ctx: int | None = None,
         content_type: str = "application/json",
         embedding: bool = False,
+        options: RunnerOptions | None = None,
     ) -> UpstreamExchange:
         """POST ``body`` to ``path`` on the model's child and wait for the status line.
 
@@ -302,7 +325,7 @@ class Gateway:
         request = fingerprint(path, body)
         for attempt in (1, 2):
             lease = await self._cuttable(self.acquire(model, keep_alive=keep_alive, num_ctx=num_ctx,
-                                                      embedding=embedding, request=request))
+                                                      embedding=embedding, request=request, options=options))
             posting = asyncio.ensure_future(self._session.post(
                 lease.base_url + path,
                 data=body,

@@ -66,6 +66,60 @@ class LaunchSpec:
             raise BadRequest(f"a tensor split needs parts of at least 0, not all 0, got {self.tensor_split}")
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """Ollama's load-time ``options`` as llama-server flags (:func:`load_args`); None = not asked, the
+    child's default (or a preset's). ``num_ctx`` is :attr:`LaunchSpec.n_ctx` and ``num_gpu``
+    :attr:`LaunchSpec.n_gpu_layers`, not here.
+
+    Attributes:
+        threads: ``num_thread`` -> ``-t N``.
+        batch: ``num_batch`` -> ``-b N -ub N``: Ollama's runner uses one batch size for both llama.cpp's
+            logical and physical batch.
+        main_gpu: ``main_gpu`` -> ``-mg K`` (K among the devices the child sees).
+        mmap: ``use_mmap`` and mlock: ``use_mlock`` -> ``-lm MODE`` (llama-server b11434 has no
+            ``--no-mmap``/``--mlock``: its ``--load-mode`` is ``none``, ``mmap``, ``mlock`` or
+            ``mmap+mlock``; see :func:`load_mode`).
+    """
+
+    threads: int | None = None
+    batch: int | None = None
+    main_gpu: int | None = None
+    mmap: bool | None = None
+    mlock: bool | None = None
+
+
+def load_mode(mmap: bool | None, mlock: bool | None) -> str | None:
+    """llama-server's ``--load-mode`` for Ollama's ``use_mmap``/``use_mlock`` (None: neither asked, the
+    default ``auto``). mmap true -> ``mmap``, false -> ``none``; mlock true adds ``mlock`` (``mmap+mlock``
+    unless mmap is false); mlock false alone asks nothing."""
+    if mmap is None and not mlock:
+        return None
+    if mlock:
+        return "mlock" if mmap is False else "mmap+mlock"
+    return "mmap" if mmap else "none"
+
+
+def load_args(load: LoadOptions, *, embedding: bool = False, n_ctx: int = 0) -> tuple[str, ...]:
+    """The flags for ``load`` (appended to a child's argv): ``[-t N] [-b N -ub N] [-mg K] [-lm MODE]``.
+
+    An embedding child (``embedding``) already gets ``-b``/``-ub`` equal to its per-slot context
+    ``n_ctx`` (every input must fit in one physical batch, see :func:`build_argv`): its batch is
+    ``num_batch`` only when that is larger, never smaller than an input it must take whole.
+    """
+    args: list[str] = []
+    if load.threads is not None:
+        args += ["-t", str(load.threads)]
+    if load.batch is not None and not (embedding and load.batch <= n_ctx):
+        args += ["-b", str(load.batch), "-ub", str(load.batch)]
+    if load.main_gpu is not None:
+        args += ["-mg", str(load.main_gpu)]
+    mode = load_mode(load.mmap, load.mlock)
+    if mode is not None:
+        args += ["-lm", mode]
+    return tuple(args)
+
+
 def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[str]:
     """Return the full argv (binary first) that starts ``spec`` listening on ``host:port``.
 
@@ -82,7 +136,9 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
     the per-slot context: with ``--embeddings`` each input must fit in one physical batch (default 512
     tokens, llama-server's ``--ubatch-size``), so this lets every input the slot can hold through.
     ``-sm``/``-mg``/``-ts`` place the model on the devices the child sees (llmman.sched.devices); the
-    parts of ``-ts`` are proportions, written with up to 4 significant digits.
+    parts of ``-ts`` are proportions, written with up to 4 significant digits. A request's load options
+    (Ollama's ``num_thread``, ``num_batch``, ``main_gpu``, ``use_mmap``, ``use_mlock``) come in
+    ``extra_args`` from :func:`load_args`, after a preset's, so the request's win.
     """
     argv = [
         binary,

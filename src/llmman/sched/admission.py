@@ -13,6 +13,8 @@ the devices it may use (its preset's ``devices``, else all), :func:`llmman.sched
 device or a split and the choice goes into the entry's plan (``ModelPlan.placement``); only models with a
 part on those devices are candidates to go, each for the bytes it frees there. A model larger than its
 devices' share of the capacity fails at once. Host-only and unknown nodes keep the node-wide rule.
+A model asked with ``num_gpu`` 0 (``ModelPlan.on_host``: no layer on a GPU) plans no device memory on a
+GPU node: it is admitted by the count limit alone and placed on no device.
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ class Admission:
             LlmmanError: 500 ``insufficient_memory`` when the model is larger than the whole capacity (on
                 a GPU node: than its devices' share of it); 503 when the daemon shuts down meanwhile.
         """
-        need = entry.plan.estimate
-        allowed = self._allowed(entry, self._rooms([]))
+        host_only = entry.plan.on_host and self._per_device()
+        need = 0 if host_only else entry.plan.estimate  # num_gpu 0 on a GPU node: no device memory
+        allowed = None if host_only else self._allowed(entry, self._rooms([]))
         self._check_alone(entry, need, allowed)
         marked: list[LoadedModel] = []  # the busy models this admission asked to drain for it
         try:
@@ -132,6 +135,10 @@ class Admission:
                 if not unloaded:
                     await changed.wait()
 
+    def _per_device(self) -> bool:
+        """True on a GPU node, where admission counts device memory (llmman.sched.devices.per_device)."""
+        return self.node is not None and per_device(self.node)
+
     def _rooms(self, others: list[LoadedModel]) -> list[DeviceRoom]:
         """The devices with what ``others`` plan on them ([] when admission is node-wide)."""
         if self.node is None or not per_device(self.node):
@@ -171,6 +178,8 @@ class Admission:
         """Where ``entry`` would go beside ``others``: its placement (None when node-wide or when it does
         not fit), the bytes still to free (<= 0: it fits), and what unloading each other model frees."""
         node = self.node
+        if entry.plan.on_host and self._per_device():  # it plans nothing on the devices: the count only
+            return None, 0, lambda e: 0
         if node is None or allowed is None:
             short = sum(e.memory for e in others) + need - self.capacity if self.capacity else 0
             return None, short, lambda e: e.memory
@@ -186,5 +195,5 @@ class Admission:
 
 
 def _load(entry: LoadedModel) -> Load:
-    """``entry`` as counted on devices."""
-    return Load(entry.plan.reference, entry.memory, entry.plan.placement)
+    """``entry`` as counted on devices: nothing for a model with no layer on a GPU (``num_gpu`` 0)."""
+    return Load(entry.plan.reference, 0 if entry.plan.on_host else entry.memory, entry.plan.placement)

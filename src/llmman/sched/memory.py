@@ -100,6 +100,7 @@ def estimate(
     cache_type_k: str = "f16",
     cache_type_v: str = "f16",
     extra_weights: int = 0,
+    n_ubatch: int = N_UBATCH,
 ) -> Estimate:
     """Predict the memory of ``info``'s model served with ``n_parallel`` slots of ``n_ctx`` tokens.
 
@@ -108,6 +109,8 @@ def estimate(
         n_ctx: tokens per slot; n_parallel: slots (``-np``).
         cache_type_k, cache_type_v: ``--cache-type-k/-v`` (unknown types count as f16).
         extra_weights: bytes of other files loaded with it (``--mmproj``).
+        n_ubatch: the physical batch (``-ub``; Ollama's ``num_batch``): the compute buffer and the
+            sliding-window cells scale with it.
     """
     layers = info.block_count or 0
     embd = info.embedding_length or 0
@@ -122,14 +125,14 @@ def estimate(
     window = raw_window if isinstance(raw_window, int) else 0
     pattern = SWA_PATTERN.get(info.architecture, 0) if window > 0 else 0
     full_cells = _pad(n_ctx * n_parallel)
-    swa_cells = min(n_ctx, _pad(window + N_UBATCH)) * n_parallel if pattern else full_cells
+    swa_cells = min(n_ctx, _pad(window + n_ubatch)) * n_parallel if pattern else full_cells
     kv = 0.0
     for layer in range(layers):
         cells = full_cells if not pattern or (layer + 1) % pattern == 0 else swa_cells
         kv += cells * kv_heads[layer] * (k_len * bk + v_len * bv)
     ff = info.metadata.get(f"{info.architecture}.feed_forward_length")
     ff_len = ff if isinstance(ff, int) else (max(ff) if isinstance(ff, list) and ff else 4 * embd)
-    compute = int(N_UBATCH * 4 * 4.5 * (embd + ff_len))
+    compute = int(n_ubatch * 4 * 4.5 * (embd + ff_len))
     output = _vocab(info) * 4 * n_parallel
     weights = (info.tensor_bytes or info.file_size) + extra_weights
     return Estimate(weights=weights, kv=int(kv), compute=compute, output=output)

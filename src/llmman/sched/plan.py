@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from llmman.runner.argv import LoadOptions
 from llmman.runner.crash import Cause
 from llmman.sched.devices import Placement
 
@@ -93,7 +94,12 @@ class ModelPlan:
         n_gpu_layers: ``-ngl`` from the model's preset (llmman.config.presets), or None.
         devices: GPU ids for the child's ``*_VISIBLE_DEVICES`` from its preset, or None; they pin it: it is
             admitted against those devices only (llmman.sched.devices).
-        extra_args: the preset's ``extra_args``, appended to argv.
+        extra_args: the preset's ``extra_args``, then the request's load options as flags
+            (llmman.runner.argv.load_args), appended to argv.
+        load: the load options the request asked for (Ollama's ``num_thread``, ``num_batch``,
+            ``main_gpu``, ``use_mmap``, ``use_mlock``; None = not asked), read by :func:`reloads`.
+        asked_gpu_layers: the request's ``num_gpu`` (``-ngl``; it overrides the preset's in
+            :attr:`n_gpu_layers`), or None when it asked none.
         placement: the devices admission placed it on (llmman.sched.devices.place, set at admission), or
             None on a host-only or unknown node; not part of :attr:`child` (where it runs, not what).
     """
@@ -112,6 +118,13 @@ class ModelPlan:
     devices: str | None = None
     extra_args: tuple[str, ...] = ()
     placement: Placement | None = None
+    load: LoadOptions = field(default_factory=LoadOptions)
+    asked_gpu_layers: int | None = None
+
+    @property
+    def on_host(self) -> bool:
+        """True when no layer goes to a GPU (``num_gpu`` 0, ``-ngl 0``): it takes no device memory."""
+        return self.n_gpu_layers == 0
 
     @property
     def key(self) -> str:
@@ -128,6 +141,18 @@ class ModelPlan:
             return None
         return ChildKey(self.model_path, self.mmproj_path, self.embedding, self.pooling, self.n_parallel,
                         self.n_gpu_layers, self.devices, self.extra_args)
+
+
+def reloads(loaded: ModelPlan, wanted: ModelPlan) -> bool:
+    """True when ``wanted`` asks for a load option that ``loaded``'s child runs otherwise, so the child must
+    be reloaded (Ollama's ``needsReload``, server/sched.go: the runner options differ). An option the
+    request does not give is whatever the loaded child runs (as a request without ``num_ctx`` is served
+    by a loaded larger context), so requests without load options never reload a model."""
+    if wanted.asked_gpu_layers is not None and wanted.asked_gpu_layers != loaded.n_gpu_layers:
+        return True
+    have, asked = loaded.load, wanted.load
+    return any(value is not None and value != getattr(have, name)
+               for name, value in vars(asked).items())
 
 
 Launcher = Callable[[ModelPlan, Callable[[Runner], None]], Awaitable[Runner]]

@@ -10,6 +10,11 @@ Loading is single-flight per model (one ``llama-server`` start however many requ
 and never blocks other models: each model has its own load task, the table itself is only touched
 between awaits.
 
+A request whose load options (Ollama's ``num_gpu``, ``num_thread``, ``num_batch``, ``main_gpu``,
+``use_mmap``, ``use_mlock``) differ from the loaded child's reloads the model, as Ollama does
+(:func:`llmman.sched.plan.reloads`): the loaded child drains (its requests finish), then the model loads
+with the new options; a request that gives none is served by the loaded child.
+
 One child per GGUF file and child options (:attr:`ModelPlan.child`), as Ollama keys its runners by
 model path: a copy or second tag of a loaded model is served by the loaded child, whose table entry
 keeps the name that loaded it (``/api/ps`` shows that one entry, as Ollama does); unloading either
@@ -57,7 +62,7 @@ from llmman.sched.admission import Admission
 from llmman.sched.failures import Healer
 from llmman.sched.gpu import NodeMemory
 from llmman.sched.memory import parse_buffers
-from llmman.sched.plan import MAX_KEEP_ALIVE, ChildKey, Launcher, ModelPlan, Runner
+from llmman.sched.plan import MAX_KEEP_ALIVE, ChildKey, Launcher, ModelPlan, Runner, reloads
 from llmman.sched.table import Lease, LoadedModel, LoadedSnapshot, snapshot_of
 from llmman.sizes import format_bytes
 
@@ -146,6 +151,15 @@ class Scheduler:
                 # A bigger context was asked for (than the one loaded, or the one that did not fit)
                 # and nobody is using the model: reload it.
                 await self._unload_entry(entry)
+                continue
+            if entry is not None and not entry.leaving and reloads(entry.plan, plan):
+                # Other load options (num_thread, num_gpu, ...): as Ollama, the loaded child goes once
+                # its requests end (at once when idle) and this request then loads the model afresh.
+                log.info("%s is asked with other load options: reloading it", plan.reference)
+                if entry.ready and entry.refcount == 0:
+                    await self._unload_entry(entry)
+                else:
+                    entry.unload_when_idle = True
                 continue
             queued = (entry is None or not entry.ready or entry.refcount >= entry.plan.n_parallel
                       or entry.leaving)

@@ -166,7 +166,13 @@ def options_to_sampling(options: object) -> dict[str, object]:
 
 def runner_options(options: object) -> RunnerOptions:
     """The load-time keys of Ollama ``options`` (num_ctx, num_batch, num_gpu, main_gpu, num_thread, use_mmap,
-    use_mlock). Raises BadRequest on a wrong type, like :func:`options_to_sampling`."""
+    use_mlock). ``num_gpu`` -1 and ``num_thread`` 0 mean "automatic", i.e. not given (None).
+
+    Raises:
+        BadRequest: a wrong type, like :func:`options_to_sampling`; a value llama-server cannot take:
+            ``option "num_batch" must be at least 1, got 0`` (also num_gpu below -1, main_gpu below 0,
+            num_thread below 0).
+    """
     values = {
         key: _check(key, value, _RUNNER[key])
         for key, value in _options_map(options).items()
@@ -175,12 +181,15 @@ def runner_options(options: object) -> RunnerOptions:
 
     def num(key: str) -> int | None:
         value = values.get(key)
+        if key in _AUTO_WHEN and value == _AUTO_WHEN[key]:
+            return None  # Ollama's "let it decide": the same as not given
         return value if isinstance(value, int) else None
 
     def flag(key: str) -> bool | None:
         value = values.get(key)
         return value if isinstance(value, bool) else None
 
+    _check_ranges(values)
     return RunnerOptions(
         num_ctx=num("num_ctx"),
         num_batch=num("num_batch"),
@@ -190,6 +199,28 @@ def runner_options(options: object) -> RunnerOptions:
         use_mmap=flag("use_mmap"),
         use_mlock=flag("use_mlock"),
     )
+
+
+#: Values that mean "the default" (as if not given): num_gpu -1 (Ollama's auto; it never reloads for it,
+#: server/sched.go needsReload), num_thread 0 (Ollama's "let the runner pick").
+_AUTO_WHEN: Final[dict[str, int]] = {"num_gpu": -1, "num_thread": 0}
+
+#: The least value of each numeric load option (after the "auto" values above).
+_LEAST: Final[dict[str, tuple[int, str]]] = {
+    "num_batch": (1, "at least 1"),
+    "num_gpu": (0, "-1 (automatic) or at least 0"),
+    "main_gpu": (0, "at least 0"),
+    "num_thread": (0, "0 (automatic) or at least 1"),
+}
+
+
+def _check_ranges(values: dict[str, object]) -> None:
+    """Refuse load options llama-server cannot take (a negative batch, GPU or thread count)."""
+    for key, (least, words) in _LEAST.items():
+        value = values.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value != _AUTO_WHEN.get(key) \
+                and value < least:
+            raise BadRequest(f'option "{key}" must be {words}, got {value}')
 
 
 def unknown_options(options: object) -> tuple[str, ...]:
