@@ -7,8 +7,11 @@ Checked: the files come with ``Content-Security-Policy: default-src 'self'`` and
 error in the browser's console and shows both nodes up and a model loaded on the peer; Load and Unload clicked
 on the page change ``/api/ps``, on this node and on the peer, and Delete empties the peer's store of a model;
 a request sent by the test appears in the page's log (served on the peer: ``pool=1``, also checked on the
-JSON); the keyed daemon shows its login form, refuses a wrong key and shows the pool with the right one,
-which stays in ``sessionStorage`` and out of the URL.
+JSON); a cold start on this node shows in the page's "In progress" table as its pull (from a proxy to the
+peer's ``/v2/`` that holds the blob requests until the test lets them go) with its bar, then as "loading on
+alpha" (the fake llama-server stays loading until a gate file exists), then leaves it; the keyed daemon
+shows its login form, refuses a wrong key and shows the pool with the right one, which stays in
+``sessionStorage`` and out of the URL.
 
 With ``LLMMAN_DASHBOARD_SHOT=PATH`` set, the page is saved there as a PNG (docs/dashboard.png is made so).
 Skipped when ``chromium``/``chromedriver`` or ``selenium`` are missing, except under CI (``CI`` set),
@@ -17,9 +20,11 @@ where that fails: ``scripts/setup.sh --test`` installs them.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +44,14 @@ from tests.integration.daemons import (
     start_daemon,
     wait_until,
 )
+from tests.integration.holding_proxy import HoldingProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 HOSTS = {"alpha": "127.0.0.41", "bravo": "127.0.0.42"}
 KEY = "dashboard-secret-key"
 TINY, SOLO, BONLY = "docker.io/ai/tiny:latest", "docker.io/ai/solo:latest", "docker.io/ai/bonly:latest"
+COLD = "docker.io/ai/cold:latest"  # bravo's alone: alpha pulls it through the holding proxy
 CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
@@ -67,6 +74,8 @@ def browser_available() -> None:
 class Pool:
     nodes: dict[str, Daemon]
     keyed: Daemon
+    proxy: HoldingProxy  # to bravo's port: holds blob requests until released
+    gate: Path  # alpha's fake child loading a model pulled through the proxy stays loading until it exists
 
 
 def _fake_env(tmp: Path, name: str) -> dict[str, str]:
@@ -79,7 +88,9 @@ def _fake_env(tmp: Path, name: str) -> dict[str, str]:
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     browser_available()
     ports = {name: free_port(host) for name, host in HOSTS.items()}
-    stores = {"alpha": ("tiny", "solo"), "bravo": ("tiny", "bonly")}
+    stores = {"alpha": ("tiny", "solo"), "bravo": ("tiny", "bonly", "cold")}
+    proxy = HoldingProxy((HOSTS["bravo"], ports["bravo"]), hold_request=b"/blobs/")
+    gate = tmp_path_factory.mktemp("gate") / "loaded"
     started: list[Daemon] = []
     try:
         nodes = {}
@@ -88,15 +99,17 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
             make_store(tmp, stores[name])
             env = _fake_env(tmp, name)
             env["LLMMAN_PEERS"] = ", ".join(f"{h}:{ports[n]}" for n, h in HOSTS.items() if n != name)
-            env["LLMMAN_INSECURE_REGISTRIES"] = env["LLMMAN_PEERS"]  # each pulls from the other's /v2/
+            env["LLMMAN_INSECURE_REGISTRIES"] = env["LLMMAN_PEERS"] + f", {proxy.host}"  # the other's /v2/
+            env["FAKE_PER_MODEL"] = json.dumps({f"{proxy.host}/": {"FAKE_LOAD_GATE": str(gate)}})
             nodes[name] = start_daemon(tmp, host=host, port=ports[name], extra_env=env)
             started.append(nodes[name])
         tmp = tmp_path_factory.mktemp("keyed")
         make_store(tmp, ("tiny",))
         keyed = start_daemon(tmp, extra_env={**_fake_env(tmp, "keyed"), "LLMMAN_API_KEYS": KEY})
         started.append(keyed)
-        yield Pool(nodes, keyed)
+        yield Pool(nodes, keyed, proxy, gate)
     finally:
+        proxy.close()
         for d in started:
             for child in d.children():
                 child.kill()
@@ -219,7 +232,7 @@ def test_the_page_shows_both_nodes_and_a_model_loaded_on_the_peer(pool: Pool, br
     until(browser, lambda: [TINY, "bravo", "2"] in [r[:2] + r[3:4] for r in rows(browser, "loaded")],
           "tiny shown loaded on bravo with its 2 slots")
     stored = sorted((row[0], row[1]) for row in rows(browser, "stored"))  # each node's store
-    assert stored == [(BONLY, "bravo"), (SOLO, "alpha"), (TINY, "alpha"), (TINY, "bravo")]
+    assert stored == [(BONLY, "bravo"), (COLD, "bravo"), (SOLO, "alpha"), (TINY, "alpha"), (TINY, "bravo")]
     assert severe(browser) == []
 
 
@@ -342,3 +355,41 @@ def test_a_keyed_daemon_asks_for_the_key_and_keeps_it_in_the_session(pool: Pool,
     browser.find_element("id", "logout").click()
     until(browser, lambda: browser.find_element("id", "login").is_displayed(), "logged out")
     assert browser.execute_script("return sessionStorage.getItem('llmman.key')") is None
+
+
+def test_a_cold_start_shows_its_pull_then_its_load(pool: Pool, browser: Any) -> None:
+    alpha = pool.nodes["alpha"]
+    name = f"{pool.proxy.host}/ai/cold:latest"  # bravo's cold, through the proxy: held at its blobs
+    row = f"#progress tr[data-model='{name}'][data-node='alpha']"
+
+    def shown() -> tuple[str, str, str] | None:
+        found = browser.find_elements("css selector", row)
+        if not found:
+            return None
+        tr = found[0]
+        return (str(tr.get_attribute("data-kind")), tr.find_element("css selector", ".what").text,
+                tr.find_element("css selector", ".amount").text)
+
+    browser.get(alpha.url + "/ui")
+    until(browser, lambda: browser.find_element("id", "progress-none").is_displayed(), "nothing in progress")
+    body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    outcome: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: outcome.append(
+        httpx.post(alpha.url + "/api/chat", json=body, headers=HOP, timeout=120)))
+    worker.start()
+    try:
+        wait_until(pool.proxy.held.is_set, "the pull's blob requests held")
+        pulling = ("pull", f"pulling from {pool.proxy.host}")
+        until(browser, lambda: (s := shown()) is not None and s[:2] == pulling
+              and s[2].startswith("0 % · 0 B / "), "the pull shown in progress with its bar")
+        assert not browser.find_element("id", "progress-none").is_displayed()
+        pool.proxy.release()
+        until(browser, lambda: shown() == ("load", "loading on alpha", ""), "the load shown on alpha")
+        pool.gate.touch()
+        worker.join(timeout=120)
+    finally:
+        pool.proxy.release()
+        pool.gate.touch()
+    assert outcome and outcome[0].status_code == 200, outcome and outcome[0].text
+    until(browser, lambda: shown() is None, "the cold start gone from the table once it answered")
+    assert severe(browser) == []

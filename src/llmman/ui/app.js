@@ -1,4 +1,5 @@
-// The llmman dashboard (docs/dashboard.md): polls the daemon that serves it every 2 s for the whole pool.
+// The llmman dashboard (docs/dashboard.md): polls the daemon that serves it every 2 s for the whole pool:
+// its nodes, what is being pulled, copied or loaded, loaded and stored models, the request log.
 // Everything comes from that daemon; the API key, when one is needed, stays in sessionStorage and is sent
 // as "Authorization: Bearer" on every data call, never in a URL.
 "use strict";
@@ -108,6 +109,54 @@ function renderNodes(nodes, devices) {
         " · " + models.length + " loaded · " + n.stored + " stored"),
       deviceTable(devices[n.address]));
   }));
+}
+
+// In progress: pulls and copies (each node's /llmman/node transfers), and loads ----------------------------
+
+function seconds(s) {
+  s = Math.max(0, Math.round(s));
+  return s < 120 ? s + " s" : s < 7200 ? Math.round(s / 60) + " min" : Math.round(s / 3600) + " h";
+}
+
+function nodeName(address) {
+  // A copy's source is the peer's host:port as its node knows it: the pool's name for it when known.
+  const n = view.pool.find((p) => p.address === address);
+  return n ? n.name : address;
+}
+
+function transferRow(node, t) {
+  const verb = t.kind === "copy" ? "copying from " + nodeName(t.source) : "pulling from " + t.source;
+  const what = t.error ? t.kind + " failed: " + t.error : verb;
+  const fraction = t.total ? t.completed / t.total : 0;
+  const amount = t.total ? Math.floor(fraction * 100) + " % · " + bytes(t.completed) + " / " + bytes(t.total)
+    : "starting…";
+  return el("tr", { class: "transfer" + (t.error ? " failed" : ""), "data-model": t.model,
+    "data-node": node.name, "data-kind": t.kind },
+  el("td", {}, t.model), el("td", {}, node.name), el("td", { class: "what" }, what),
+  el("td", { class: "amount" }, bar(fraction), amount), el("td", { class: "num" }, seconds(t.elapsed)));
+}
+
+function loadRow(m) {
+  const node = psNode(m);
+  const name = node ? node.name : m.node;
+  const since = Date.parse(m.started_at);
+  return el("tr", { class: "load", "data-model": m.name, "data-node": name, "data-kind": "load" },
+    el("td", {}, m.name), el("td", {}, name), el("td", { class: "what" }, "loading on " + name),
+    el("td", { class: "amount" }, bar(0), ""),
+    el("td", { class: "num" }, isNaN(since) ? "–" : seconds((Date.now() - since) / 1000)));
+}
+
+function loading(m) {
+  return String(m.processor || "").includes("loading") || Boolean((poolLoad(m) || {}).loading);
+}
+
+function renderProgress(devices, ps) {
+  const moving = devices.map((n) => [n, n.transfers || []]).filter(([, ts]) => ts.length);
+  const loads = ps.filter(loading);
+  // Redrawn at every poll (its figures and times move; it has no buttons).
+  fill($("progress").tBodies[0], [
+    ...moving.flatMap(([n, ts]) => ts.map((t) => transferRow(n, t))), ...loads.map(loadRow)]);
+  $("progress-none").classList.toggle("hidden", moving.length + loads.length > 0);
 }
 
 // Models -----------------------------------------------------------------------------------------------
@@ -318,6 +367,7 @@ async function refresh() {
     renderNodes(pool.nodes, view.devices);
     renderPullNodes(pool.nodes);
     renderLoaded(ps.models || []);
+    renderProgress(devices.nodes, ps.models || []);
     renderStored(stored.flat());
     renderRequests(requests.requests || []);
     renderStats(stats.stats || []);
