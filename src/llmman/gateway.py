@@ -15,18 +15,19 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 
 from llmman.cluster.copy import PullSource, copy_from_peer
 from llmman.config.presets import Preset, by_reference
-from llmman.errors import LlmmanError, ModelNotFound, NotFound, RunnerError
+from llmman.errors import BadRequest, LlmmanError, ModelNotFound, NotFound, RunnerError
 from llmman.protocol.ollama.fields import RunnerOptions
 from llmman.refs import Reference, parse_reference
 from llmman.registry.puller import Puller
 from llmman.runner.argv import LoadOptions, load_args
+from llmman.sched.devices import per_device
 from llmman.sched.memory import N_UBATCH, estimate
 from llmman.sched.scheduler import Lease, ModelPlan, Runner, Scheduler
 from llmman.store import Store, StoredModel
@@ -254,6 +255,11 @@ class Gateway:
         projector = files.mmproj.stat().st_size if files.mmproj and files.mmproj.exists() else 0
         load = LoadOptions(threads=options.num_thread, batch=options.num_batch, main_gpu=options.main_gpu,
                            mmap=options.use_mmap, mlock=options.use_mlock)
+        devices = preset.devices if preset else None
+        flags = load
+        if options.main_gpu is not None:
+            devices, main_gpu = self._main_gpu(model, devices, options.main_gpu)
+            flags = replace(load, main_gpu=main_gpu)
         batch = options.num_batch if options.num_batch and not embedding else N_UBATCH
         predicted = estimate(info, n_ctx=n_ctx, n_parallel=n_parallel, extra_weights=projector,
                              n_ubatch=min(batch, n_ctx * n_parallel))
@@ -271,12 +277,36 @@ class Gateway:
             pooling="mean" if embedding and f"{info.architecture}.pooling_type" not in info.metadata
             else None,
             n_gpu_layers=options.num_gpu if options.num_gpu is not None else preset_layers,
-            devices=preset.devices if preset else None,
-            extra_args=(preset.extra_args if preset else ()) + load_args(load, embedding=embedding,
+            devices=devices,
+            extra_args=(preset.extra_args if preset else ()) + load_args(flags, embedding=embedding,
                                                                           n_ctx=n_ctx),
             load=load,
             asked_gpu_layers=options.num_gpu,
         )
+
+    def _main_gpu(self, model: ResolvedModel, pin: str | None, index: int) -> tuple[str | None, int | None]:
+        """Ollama's ``main_gpu`` (the GPU that holds the model): the plan's devices and its ``-mg``.
+
+        On a GPU node llmman places models itself (llmman.sched.devices), so the request's GPU pins the
+        model to that device: the ``index``-th of the node's devices (of the preset's ``devices`` when it
+        pins some), admitted there only, and the child sees that one (no ``-mg``). Elsewhere (host-only,
+        unknown devices, a pin that is not a list of indexes) llama-server's own ``-mg index``.
+
+        Raises:
+            BadRequest: ``index`` is not one of those devices (400, Ollama's words for options).
+        """
+        node = self.scheduler.node_memory
+        if node is None or not per_device(node):
+            return pin, index
+        try:
+            order = [d.index for d in node.devices] if pin is None else [int(p) for p in pin.split(",")]
+        except ValueError:
+            return pin, index
+        if index >= len(order):
+            where = f"its preset's devices ({pin})" if pin is not None else "this node's GPUs"
+            raise BadRequest(f'option "main_gpu" is {index}, but {model.requested} may use {len(order)} '
+                             f"GPU{'s' if len(order) != 1 else ''} ({where}, counted from 0)")
+        return str(order[index]), None
 
     async def acquire(self, model: ResolvedModel, *, keep_alive: float | None, num_ctx: int | None,
                       embedding: bool = False, request: str | None = None,
