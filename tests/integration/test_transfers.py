@@ -4,12 +4,15 @@ they run, on real daemons with the real SmolLM2.
 A :class:`~tests.integration.holding_proxy.HoldingProxy` sits between the daemon and what it fetches from
 (Debian's ``docker-registry`` for a pull, a peer daemon's ``/v2/`` for a copy) and holds the blob half
 sent: the test sees the transfer listed with part of its bytes, lets it go, and sees it leave the list
-when it ends. A pull of a tag the registry lacks stays listed a while with its error. The progress
-stream carries the headers that keep a reverse proxy from buffering it.
+when it ends; a cold ``llmman run``'s line says how far the pull is. A pull of a tag the registry lacks
+stays listed a while with its error. The progress stream carries the headers that keep a reverse proxy
+from buffering it.
 """
 
 from __future__ import annotations
 
+import io
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -20,6 +23,8 @@ import httpx
 import orjson
 import pytest
 
+from llmman.cli.client import DaemonClient
+from llmman.cli.coldstart import Waiting
 from llmman.refs import parse_reference
 from llmman.registry.push import push
 from llmman.store import Store
@@ -100,6 +105,10 @@ def test_a_pull_is_listed_while_it_runs_then_leaves_the_list(registry: Registry,
         assert entry["status"].startswith("pulling ")
         shown = httpx.get(node.url + "/llmman/devices", timeout=10).json()["nodes"][0]["transfers"]
         assert [t["model"] for t in shown] == [name]  # what the dashboard reads
+        waiting = Waiting(DaemonClient(node.url), name, name, stored_here=False, source=None,
+                          err=io.StringIO())  # a cold `llmman run`'s line, one look
+        waiting._look()
+        assert re.fullmatch(rf"pulling {re.escape(name)}… \d+ % \(.+ / .+ MB\)", waiting._text())
     finally:
         proxy.release()
         worker.join(timeout=120)

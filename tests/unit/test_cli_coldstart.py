@@ -27,6 +27,24 @@ def test_phase_words(stored_here: bool, source: str | None, loaded: dict[str, An
     assert phase_text("tiny", stored_here=stored_here, source=source, loaded=loaded, this_node="ay") == text
 
 
+@pytest.mark.parametrize(("transfer", "text"), [
+    ({"kind": "copy", "source": "bee", "completed": 41_200_000, "total": 92_100_000},
+     "copying tiny from bee… 44 % (41.2 MB / 92.1 MB)"),
+    ({"kind": "copy", "source": "", "completed": 0, "total": 0}, "copying tiny from cee…"),
+    ({"kind": "pull", "source": "registry-1.docker.io", "completed": 5, "total": 10},
+     "pulling tiny… 50 % (5 B / 10 B)"),
+    ({"kind": "pull", "completed": 10, "total": 10}, "pulling tiny… 100 % (10 B / 10 B)"),
+])
+def test_phase_words_with_the_transfer_in_progress(transfer: dict[str, Any], text: str) -> None:
+    """A transfer listed by a node's /llmman/node says how far the fetch is (the source named by the
+    copy itself, else the node the pool's list named)."""
+    assert phase_text("tiny", stored_here=False, source="cee", loaded=None, this_node="ay",
+                      transfer=transfer) == text
+    loading = {"processor": "llama-server (loading)", "node": "bee"}
+    assert phase_text("tiny", stored_here=False, source="cee", loaded=loading, this_node="ay",
+                      transfer=transfer) == "loading tiny on bee…"  # the load comes after the fetch
+
+
 def test_canonical_names_match_the_daemons_lists() -> None:
     assert canonical("tiny") == "docker.io/ai/tiny:latest"
     assert canonical("t", {"t": "qwen:0.5b"}) == "docker.io/ai/qwen:0.5b"

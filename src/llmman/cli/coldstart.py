@@ -5,8 +5,10 @@ its registry (missing on every node), copied from a peer that stores it (missing
 by llama-server on the node the pool picked. :func:`prepare` pulls a model missing from the whole pool
 with the progress bars of ``llmman pull`` (llmman.cli.commands_pull.ProgressView) when both stdout and
 stderr are terminals; :class:`Waiting` then draws one spinner line on stderr — ``pulling MODEL…``,
-``copying MODEL from NODE…``, ``loading MODEL on NODE…`` — from ``/api/ps`` (the pool's, where a loading
-model says ``(loading)`` and names its node) until the first chunk of the answer, and clears it.
+``copying MODEL from NODE… 45 % (41.2 MB / 92.1 MB)``, ``loading MODEL on NODE…`` — from ``/api/ps`` (the
+pool's, where a loading model says ``(loading)`` and names its node) and, while the model is fetched, every
+node's transfers in progress (``/llmman/devices?pool=1``, their ``/llmman/node`` ``transfers``) until the
+first chunk of the answer, and clears it.
 
 Only on a terminal: with stderr not a TTY nothing is drawn and nothing extra is asked of the daemon, so a
 piped ``llmman run`` prints the answer and nothing else.
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from llmman.cli.client import DaemonClient
+from llmman.cli.tables import format_size
 from llmman.errors import LlmmanError, ModelNotFound
 
 __all__ = ["Waiting", "canonical", "is_tty", "load", "phase_text", "prepare"]
@@ -55,11 +58,25 @@ def _entry(models: list[dict[str, Any]], reference: str) -> dict[str, Any] | Non
     return next((m for m in models if m.get("name") == reference or m.get("model") == reference), None)
 
 
+def _amount(transfer: dict[str, Any]) -> str:
+    """`` 45 % (41.2 MB / 92.1 MB)`` of a transfer entry; empty before its size is known."""
+    done, total = transfer.get("completed"), transfer.get("total")
+    if not isinstance(done, int) or not isinstance(total, int) or total <= 0:
+        return ""
+    return f" {min(100, done * 100 // total)} % ({format_size(done)} / {format_size(total)})"
+
+
 def phase_text(model: str, *, stored_here: bool, source: str | None, loaded: dict[str, Any] | None,
-               this_node: str) -> str:
+               this_node: str, transfer: dict[str, Any] | None = None) -> str:
     """The spinner's words for what ``model`` waits for (pure): its ``/api/ps`` entry ``loaded`` when
-    there is one (loading, or loaded and about to answer), else the fetch it needs: copied from the node
-    ``source``, or pulled when no node stores it."""
+    there is one (loading, or loaded and about to answer), else its ``transfer`` in progress on some node
+    (a ``/llmman/node`` ``transfers`` entry, its ``source`` already a node's name where known: copied from
+    that peer, or pulled, with how far it is), else the fetch it needs: copied from the node ``source``,
+    or pulled when no node stores it."""
+    if loaded is None and transfer is not None:
+        if transfer.get("kind") == "copy":
+            return f"copying {model} from {transfer.get('source') or source}…{_amount(transfer)}"
+        return f"pulling {model}…{_amount(transfer)}"
     if loaded is not None:
         node = str(loaded.get("node") or LOCAL)
         where = this_node if node == LOCAL else node
@@ -141,6 +158,7 @@ class Waiting:
         self._this_node = ""
         self._names: dict[str, str] = {}  # a node's address -> its name
         self._loaded: dict[str, Any] | None = None
+        self._transfer: dict[str, Any] | None = None  # the model's transfer on some node, while fetched
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Waiting:
@@ -168,8 +186,11 @@ class Waiting:
         if loaded is not None and loaded.get("node") in self._names:
             loaded = {**loaded, "node": self._names[str(loaded["node"])]}
         source = self._names.get(self._source, self._source) if self._source else None
+        transfer = self._transfer
+        if transfer is not None and transfer.get("source") in self._names:
+            transfer = {**transfer, "source": self._names[str(transfer["source"])]}
         return phase_text(self._model, stored_here=self._stored_here, source=source,
-                          loaded=loaded, this_node=self._this_node or "this node")
+                          loaded=loaded, this_node=self._this_node or "this node", transfer=transfer)
 
     def _look(self) -> None:
         with contextlib.suppress(LlmmanError, OSError, ValueError):
@@ -181,6 +202,17 @@ class Waiting:
             self._loaded = _entry(self._client.ps(), self._reference)
             if self._loaded is not None:
                 self._stored_here = True
+            self._transfer = None if self._stored_here else self._moving()
+
+    def _moving(self) -> dict[str, Any] | None:
+        """The model's transfer in progress on any node of the pool (not one that failed), or None."""
+        doc = self._client._request("GET", "/llmman/devices?pool=1")
+        nodes = doc.get("nodes") if isinstance(doc, dict) else None
+        for node in nodes if isinstance(nodes, list) else []:
+            for t in node.get("transfers") or [] if isinstance(node, dict) else []:
+                if isinstance(t, dict) and t.get("model") == self._reference and not t.get("error"):
+                    return t
+        return None
 
     def _run(self) -> None:
         frame = 0
