@@ -37,6 +37,14 @@ Environment variables:
                                tool call (id ``call_fake0001``, ``finish_reason: "tool_calls"``); streamed,
                                its ``arguments`` string is spread over three chunks as llama-server does.
                                A request whose last message is a tool result gets FAKE_REPLY.
+    FAKE_DROP_FIRST_EVENT=1    leave out the first event of every stream, as llama-server b11434 sometimes
+                               does under CPU load: a chat stream without its ``delta.role`` chunk, a
+                               ``/v1/messages`` stream without ``message_start``, a ``/v1/responses`` stream
+                               without ``response.created``.
+    FAKE_TOOL_ARGS_OBJECT=1    FAKE_TOOL_CALL's ``function.arguments`` as a JSON object instead of a string
+                               (some llama-server builds), streamed in one chunk.
+    FAKE_CREATED_STEP=1        every chunk of a stream carries a ``created`` one second later than the one
+                               before (llama-server stamps each chunk with the time it was made).
     FAKE_PER_MODEL=JSON        per-model overrides of these variables, ``{"KEY": {"FAKE_X": "v"}}``: an
                                entry applies when KEY equals the ``-a`` alias or the ``-m`` path, or is a
                                substring of the alias (one fake binary can then play a slow model A and
@@ -44,6 +52,7 @@ Environment variables:
 
 Endpoints: ``GET /health``, ``/v1/health``, ``/props``, ``/v1/models`` (= ``/models``), ``/metrics``
 (with ``--metrics``), ``POST /v1/chat/completions`` (= ``/chat/completions``) and ``/v1/completions``,
+``/v1/messages`` and ``/v1/responses`` (their events shaped like llama-server's own, streamed or not),
 streaming (SSE shaped like llama-server: role chunk, one chunk per token, a finish chunk, a usage chunk
 when ``stream_options.include_usage``, ``timings`` on the last, then ``data: [DONE]``) or not;
 ``max_tokens`` / ``max_completion_tokens`` / ``n_predict`` truncate with ``finish_reason: "length"``.
@@ -77,6 +86,9 @@ TOKEN_DELAY = 0.0
 CRASH_AFTER = -1
 SPLIT_BYTES = False
 TOOL_CALL: dict[str, Any] | None = None
+DROP_FIRST = False
+ARGS_OBJECT = False
+CREATED_STEP = False
 SPLIT_PAUSE = 0.005  # seconds between the two halves of a split event (lets the reader see them apart)
 LOADING_BODY = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
 
@@ -100,12 +112,16 @@ def apply_per_model(alias: str, model: str) -> None:
 def configure() -> None:
     """Read the behaviour knobs from the (overlaid) environment."""
     global SILENT, REPLY, TOKEN_DELAY, CRASH_AFTER, SPLIT_BYTES, TOOL_CALL
+    global DROP_FIRST, ARGS_OBJECT, CREATED_STEP
     SILENT = os.environ.get("FAKE_SILENT_HANG") == "1"
     REPLY = os.environ.get("FAKE_REPLY", "Hello from the fake llama-server.")
     TOKEN_DELAY = float(os.environ.get("FAKE_TOKEN_DELAY", "0"))
     CRASH_AFTER = int(os.environ.get("FAKE_CRASH_AFTER_TOKENS", "-1"))
     SPLIT_BYTES = os.environ.get("FAKE_SPLIT_BYTES") == "1"
     TOOL_CALL = json.loads(os.environ["FAKE_TOOL_CALL"]) if os.environ.get("FAKE_TOOL_CALL") else None
+    DROP_FIRST = os.environ.get("FAKE_DROP_FIRST_EVENT") == "1"
+    ARGS_OBJECT = os.environ.get("FAKE_TOOL_ARGS_OBJECT") == "1"
+    CREATED_STEP = os.environ.get("FAKE_CREATED_STEP") == "1"
 
 
 def dumps(obj: Any) -> bytes:
@@ -243,8 +259,12 @@ class Handler(BaseHTTPRequestHandler):
     def send_error_json(self, status: int, message: str, kind: str) -> None:
         self.send_json(status, {"error": {"code": status, "message": message, "type": kind}})
 
-    def chunk(self, obj: Any) -> None:
-        payload = b"data: " + (obj if isinstance(obj, bytes) else dumps(obj)) + b"\n\n"
+    def chunk(self, obj: Any, event: str | None = None) -> None:
+        if CREATED_STEP and isinstance(obj, dict) and "created" in obj:
+            self._step = getattr(self, "_step", -1) + 1
+            obj = {**obj, "created": obj["created"] + self._step}
+        head = b"event: " + event.encode() + b"\n" if event else b""
+        payload = head + b"data: " + (obj if isinstance(obj, bytes) else dumps(obj)) + b"\n\n"
         parts = [payload]
         if SPLIT_BYTES and len(payload) > 1:
             cut = split_point(payload)
@@ -298,7 +318,8 @@ class Handler(BaseHTTPRequestHandler):
             log(f"srv  fake: crashing on a request containing {poison!r} (FAKE_CRASH_ON)")
             os.kill(os.getpid(), signal.SIGKILL)
         chat = path in ("/v1/chat/completions", "/chat/completions")
-        if not chat and path != "/v1/completions":
+        native = path in ("/v1/messages", "/v1/responses")
+        if not chat and not native and path != "/v1/completions":
             return self.send_error_json(404, "File Not Found", "not_found_error")
         try:
             body = json.loads(raw)
@@ -306,14 +327,17 @@ class Handler(BaseHTTPRequestHandler):
                 raise ValueError("request body must be a JSON object")
         except ValueError as exc:
             return self.send_error_json(400, f"Failed to parse JSON: {exc}", "invalid_request_error")
-        problem = invalid_field(body, chat)
+        problem = None if native else invalid_field(body, chat)
         if problem:
             return self.send_error_json(400, problem, "invalid_request_error")
         with State.lock:
             State.requests += 1
         try:
             with State.slots:
-                self.complete(body, chat)
+                if native:
+                    self.native(body, path)
+                else:
+                    self.complete(body, chat)
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
             # llama-server answers a field of the wrong shape with 400 (its JSON type errors are
             # invalid_argument); the fake must not just drop the connection. Only before any byte.
@@ -331,7 +355,9 @@ class Handler(BaseHTTPRequestHandler):
     def tool_call(self, base: dict[str, Any], body: dict[str, Any]) -> None:
         """Answer with FAKE_TOOL_CALL: one message, or a stream with the arguments in three pieces."""
         assert TOOL_CALL is not None
-        args = json.dumps(TOOL_CALL.get("arguments", {}))
+        args: Any = json.dumps(TOOL_CALL.get("arguments", {}))
+        if ARGS_OBJECT:
+            args = TOOL_CALL.get("arguments", {})
         call = {"id": "call_fake0001", "type": "function",
                 "function": {"name": TOOL_CALL["name"], "arguments": args}}  # fmt: skip
         prompt_n = count_prompt(body)
@@ -347,11 +373,13 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         obj = {**base, "object": "chat.completion.chunk"}
         third = max(1, len(args) // 3)
-        pieces = [args[:third], args[third : 2 * third], args[2 * third :]]
+        pieces = [args] if ARGS_OBJECT else [args[:third], args[third : 2 * third], args[2 * third :]]
         head = {"index": 0, "id": call["id"], "type": "function",
                 "function": {"name": TOOL_CALL["name"], "arguments": ""}}  # fmt: skip
         deltas: list[dict[str, Any]] = [{"role": "assistant", "content": None}, {"tool_calls": [head]}]
         deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in pieces]
+        if DROP_FIRST:
+            deltas = deltas[1:]
         for delta in deltas:
             self.chunk({**obj, "choices": [{"index": 0, "finish_reason": None, "delta": delta}]})
         self.chunk({**obj, "choices": [{"index": 0, "finish_reason": "tool_calls", "delta": {}}]})
@@ -360,6 +388,78 @@ class Handler(BaseHTTPRequestHandler):
         self.chunk(b"[DONE]")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+    def native(self, body: dict[str, Any], path: str) -> None:
+        """llama-server's own ``/v1/messages`` or ``/v1/responses``: FAKE_REPLY, in their event shapes."""
+        tokens = tokens_of(REPLY)
+        limit = body.get("max_tokens", body.get("max_output_tokens"))
+        if isinstance(limit, int) and 0 <= limit < len(tokens):
+            tokens = tokens[:limit]
+        prompt_n, text, key = count_prompt(body), "".join(tokens), uuid.uuid4().hex[:24]
+        model, now = self.settings.model_id, int(time.time())
+        usage = {"input_tokens": prompt_n, "output_tokens": len(tokens)}
+        if path == "/v1/messages":
+            message = {"id": f"chatcmpl-{key}", "type": "message", "role": "assistant", "model": model,
+                       "stop_reason": None, "stop_sequence": None}  # fmt: skip
+            whole = {**message, "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+                     "usage": usage}  # fmt: skip
+            events: list[tuple[str, Any]] = [
+                ("message_start", {"type": "message_start", "message": {
+                    **message, "content": [], "usage": {"input_tokens": prompt_n, "output_tokens": 0}}}),
+                ("content_block_start", {"type": "content_block_start", "index": 0,
+                                         "content_block": {"type": "text", "text": ""}}),
+                *[("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                           "delta": {"type": "text_delta", "text": t}}) for t in tokens],
+                ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                                   "stop_sequence": None}, "usage": {"output_tokens": len(tokens)}}),
+                ("message_stop", {"type": "message_stop"}),
+            ]  # fmt: skip
+        else:
+            item = f"msg_{key}"
+            head = {"id": f"resp_{key}", "object": "response", "status": "in_progress"}
+            part = {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+            done = {"type": "message", "status": "completed", "id": item, "content": [part],
+                    "role": "assistant"}  # fmt: skip
+            whole = {**head, "created_at": now, "status": "completed", "model": model, "output": [done],
+                     "usage": {**usage, "total_tokens": prompt_n + len(tokens)}}  # fmt: skip
+            events = [
+                ("response.created", {"type": "response.created", "response": head}),
+                ("response.in_progress", {"type": "response.in_progress", "response": head}),
+                ("response.output_item.added", {"type": "response.output_item.added", "item": {
+                    "content": [], "id": item, "role": "assistant", "status": "in_progress",
+                    "type": "message"}}),
+                ("response.content_part.added", {"type": "response.content_part.added", "item_id": item,
+                                                 "part": {"type": "output_text", "text": ""}}),
+                *[("response.output_text.delta", {"type": "response.output_text.delta", "item_id": item,
+                                                  "delta": t}) for t in tokens],
+                ("response.output_text.done", {"type": "response.output_text.done", "item_id": item,
+                                               "text": text}),
+                ("response.content_part.done", {"type": "response.content_part.done", "item_id": item,
+                                                "part": part}),
+                ("response.output_item.done", {"type": "response.output_item.done", "item": done}),
+                ("response.completed", {"type": "response.completed", "response": whole}),
+            ]  # fmt: skip
+        if not body.get("stream"):
+            return self.send_json(200, whole)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        State.begin()
+        completed = False
+        try:
+            for n, (name, data) in enumerate(events[1:] if DROP_FIRST else events):
+                self.chunk(data, event=name)
+                if n and name.endswith("delta") and name != "message_delta":
+                    self.pace(n)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            completed = True
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        finally:
+            State.end(completed)
 
     def complete(self, body: dict[str, Any], chat: bool) -> None:
         if self.wants_tool_call(body, chat):
@@ -423,7 +523,7 @@ class Handler(BaseHTTPRequestHandler):
         State.begin()
         completed = False
         try:
-            if chat:
+            if chat and not DROP_FIRST:
                 self.chunk({**base, "object": obj, "choices": [piece(None, None, first=True)]})
             for n, token in enumerate(tokens, start=1):
                 self.chunk({**base, "object": obj, "choices": [piece(token, None)]})

@@ -52,6 +52,34 @@ def test_recorded_stream_any_chunking(size: int) -> None:
     assert all(n == d["type"] for n, d in events)
 
 
+def _first_event_dropped() -> bytes:
+    return RECORDED[RECORDED.index(b"event: content_block_start"):]
+
+
+@pytest.mark.parametrize("size", [1, 5, len(RECORDED)])
+def test_a_stream_without_message_start_gets_ours_and_a_ping_first(size: int) -> None:
+    """llama-server under load sometimes sends no message_start: llmman's goes first, once."""
+    data = _first_event_dropped()
+    events = _run([data[i:i + size] for i in range(0, len(data), size)])
+    assert [n for n, _ in events][:3] == ["message_start", "ping", "content_block_start"]
+    message = events[0][1]["message"]
+    assert message == {"id": "msg_local", "type": "message", "role": "assistant", "content": [],
+                       "model": "smollm2:135m", "stop_reason": None, "stop_sequence": None,
+                       "usage": {"input_tokens": 0, "output_tokens": 0}}
+    assert [n for n, _ in events].count("message_start") == 1 and events[-1][0] == "message_stop"
+
+
+def test_a_late_message_start_is_dropped_and_its_input_tokens_ride_on_message_delta() -> None:
+    at_block = RECORDED.index(b"event: content_block_start")
+    at_delta = RECORDED.index(b"event: content_block_delta")
+    start, block, rest = RECORDED[:at_block], RECORDED[at_block:at_delta], RECORDED[at_delta:]
+    events = _run([block + start + rest])
+    names = [n for n, _ in events]
+    assert names.count("message_start") == 1 and names[:2] == ["message_start", "ping"]
+    (delta,) = [d for n, d in events if n == "message_delta"]
+    assert delta["usage"] == {"cache_read_input_tokens": 0, "input_tokens": 31, "output_tokens": 8}
+
+
 def test_stream_cut_before_message_stop_ends_with_error_event() -> None:
     events = _run([RECORDED[: RECORDED.index(b"event: content_block_stop")]])
     assert events[-1][0] == "error"

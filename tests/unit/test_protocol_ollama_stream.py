@@ -130,6 +130,22 @@ def test_tool_call_arguments_parsing(fragments: list[str], arguments: dict[str, 
     assert obj["message"]["tool_calls"][0]["function"]["arguments"] == arguments  # type: ignore[index]
 
 
+@pytest.mark.parametrize("whole", [True, False])
+def test_object_arguments_are_kept_as_the_object(whole: bool) -> None:
+    """Some llama-server builds stream ``arguments`` as a JSON object: it is Ollama's object, never ``{}``."""
+    stream = OllamaStream("chat", "m", lambda: TS)
+    head = {"index": 0, "id": "call_x", "function": {"name": "f", "arguments": {"a": 1, "b": "ü"}}}
+    if not whole:  # the name first, the object in a chunk of its own
+        head = {"index": 0, "id": "call_x", "function": {"name": "f", "arguments": ""}}
+    deltas = [head] if whole else [head, {"index": 0, "function": {"arguments": {"a": 1, "b": "ü"}}}]
+    for d in deltas:
+        assert stream.feed({"choices": [{"index": 0, "delta": {"tool_calls": [d]}}]}) == []
+    (obj,) = stream.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    (call,) = obj["message"]["tool_calls"]  # type: ignore[index]
+    assert call["function"]["arguments"] == {"a": 1, "b": "ü"}
+    assert call["id"].startswith("call_")
+
+
 def test_unfinished_tool_calls_ride_on_the_final_object() -> None:
     stream = OllamaStream("chat", "m", lambda: TS)
     stream.feed(

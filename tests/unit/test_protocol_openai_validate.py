@@ -30,6 +30,9 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
         {"messages": [*HI, {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
                       {"role": "tool", "tool_call_id": "call_1", "content": "42"}]},
+        {"messages": [*HI, {"role": "assistant", "content": None, "tool_calls": [  # object arguments too
+            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "42"}]},
         {"messages": [{"role": "assistant"}, *HI]},
         {"messages": [{"role": "user", "content": [
             {"type": "text", "text": "look"},
@@ -94,8 +97,8 @@ def test_valid_chat_bodies_pass(body: dict[str, Any]) -> None:
         ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {}}]}]},
          "messages[0].tool_calls[0].function.name", "Missing"),
         ({"messages": [{"role": "assistant", "tool_calls": [
-            {"type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}]},
-         "messages[0].tool_calls[0].function.arguments", "expected a string, but got an object"),
+            {"type": "function", "function": {"name": "f", "arguments": [1]}}]}]},
+         "messages[0].tool_calls[0].function.arguments", "expected a string, but got an array"),
         ({"messages": HI, "tools": "x"}, "tools", "expected an array, but got a string"),
         ({"messages": HI, "tools": [1]}, "tools[0]", "expected an object"),
         ({"messages": HI, "tools": [{"type": "function"}]}, "tools[0].function", "Missing"),

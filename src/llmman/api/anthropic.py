@@ -5,7 +5,8 @@ then Ollama's capability checks: tools and images need the model's ``tools``/``v
 relaxed for a model that cannot think and otherwise mapped to llama-server's reasoning controls); the
 request goes through the pipeline (api/inference.py) and, served here, to the child's own ``/v1/messages``
 (or ``/v1/messages/count_tokens``); answers are fixed up (id, model, ping, block order, errors) by the
-same module. A request whose ``tool_choice`` forces a tool goes to the child's ``/v1/chat/completions``
+same module; a stream always begins with ``message_start`` and ``ping``, made here when the child left
+them out. A request whose ``tool_choice`` forces a tool goes to the child's ``/v1/chat/completions``
 with a JSON-schema grammar instead, translated both ways by :mod:`llmman.protocol.anthropic.tools`. Errors
 before the first byte carry their real status in Anthropic's shape (api/errors.py picks the shape by
 path); after it, one ``error`` event ends the stream.
@@ -14,6 +15,7 @@ path); after it, one ``error`` event ends the stream.
 from __future__ import annotations
 
 import logging
+import uuid
 from functools import partial
 
 import orjson
@@ -89,7 +91,7 @@ async def _serve(request: Request, path: str, body: dict[str, object], name: str
         status, err = upstream_error(exchange.status, await exchange.read())
         return Response(orjson.dumps(err), status_code=status, media_type=JSON)
     if stream:
-        return _streaming(exchange, AnthropicStream(name))
+        return _streaming(exchange, AnthropicStream(name, message_id="msg_" + uuid.uuid4().hex))
     answer = await _answer(request, exchange)
     if not counting and isinstance(answer, dict):
         answer = fix_message(answer, name)
@@ -122,5 +124,4 @@ async def _answer(request: Request, exchange: UpstreamExchange) -> object:
 
 
 def _streaming(exchange: UpstreamExchange, events: AnthropicStream | ForcedToolStream) -> Response:
-    return stream_answer(exchange, SSETransducer(events), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})
+    return stream_answer(exchange, SSETransducer(events), media_type="text/event-stream")

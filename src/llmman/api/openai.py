@@ -34,6 +34,7 @@ from llmman.protocol.capabilities import capability_error, openai_chat_needs
 from llmman.protocol.conversation import conversation_key
 from llmman.protocol.errors import Dialect
 from llmman.protocol.openai.shapes import models_list, openai_error, peek_model
+from llmman.protocol.openai.stream import Kind, stringify_arguments
 from llmman.protocol.openai.validate import InvalidParam, validate_chat, validate_completion
 from llmman.refs import parse_reference
 
@@ -67,6 +68,11 @@ async def _proxy(request: Request, path: str) -> Response:
             validate_completion(body)
     except InvalidParam as exc:
         return bad_request(exc.message, exc.param)
+    if chat:  # replayed tool calls whose arguments are an object go on as OpenAI's JSON string
+        messages, changed = stringify_arguments(body.get("messages"))
+        if changed:
+            body = {**body, "messages": messages}
+            raw = orjson.dumps(body)
     return await run(request, Call(name, partial(_serve, request, path, body, raw, name),
                                    conversation=conversation_key(name, body.get("messages"))))
 
@@ -87,8 +93,10 @@ async def _serve(request: Request, path: str, body: dict[str, object], raw: byte
     # A client that goes away stops the wait (a non-streamed answer arrives only when it is complete).
     opening = services.gateway.open(model, path, raw, content_type=content_type)
     exchange = await unless_disconnected(request, opening)
+    options = body.get("stream_options")
+    usage = isinstance(options, dict) and options.get("include_usage") is True
     return await passthrough(request, exchange, stream=body.get("stream") is True, dialect=Dialect.OPENAI,
-                             requested=name)
+                             requested=name, kind=Kind.CHAT if chat else Kind.COMPLETION, usage_chunk=usage)
 
 
 async def models(request: Request) -> Response:

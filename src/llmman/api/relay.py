@@ -2,7 +2,9 @@
 
 :func:`passthrough` is the answer of the OpenAI-shaped routes, which relay the child's own answer.
 
-:func:`stream_answer` is the one loop every streamed local answer runs in: the child's chunks go through
+:func:`stream_answer` is the one loop every streamed local answer runs in (and the one place its headers
+are set: ``Cache-Control: no-cache`` and ``X-Accel-Buffering: no``, so nginx and similar proxies pass each
+event on as it comes instead of buffering the answer): the child's chunks go through
 the dialect's :class:`~llmman.protocol.transducer.Transducer`; a break (:class:`LlmmanError`, e.g. the
 child died mid-answer) ends the stream with the transducer's in-band frame, anything unexpected with
 the same frame saying ``internal server error`` (logged, never a traceback to the client); the lease
@@ -34,16 +36,30 @@ from llmman.gateway import UpstreamExchange
 from llmman.protocol.errors import Dialect
 from llmman.protocol.model_echo import ModelEcho
 from llmman.protocol.openai.shapes import remap_upstream_error
+from llmman.protocol.openai.stream import Kind, OpenAIStream, fix_arguments
 from llmman.protocol.transducer import Passthrough, Transducer
 
 log = logging.getLogger("llmman.api.relay")
 
 
+#: The headers of every streamed answer: not buffered by a proxy (nginx reads ``X-Accel-Buffering``), not
+#: cached.
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_STREAM_KEYS = {key.lower() for key in STREAM_HEADERS}
+
+
+def stream_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """``headers`` (the child's, say) with :data:`STREAM_HEADERS` in place of any of their own spelling."""
+    kept = {key: value for key, value in (headers or {}).items() if key.lower() not in _STREAM_KEYS}
+    return {**kept, **STREAM_HEADERS}
+
+
 def stream_answer(exchange: UpstreamExchange, transducer: Transducer, *, media_type: str | None = None,
                   headers: Mapping[str, str] | None = None) -> StreamingResponse:
-    """A 200 streaming response of ``exchange``'s body through ``transducer``."""
+    """A 200 streaming response of ``exchange``'s body through ``transducer``, with
+    :data:`STREAM_HEADERS`."""
     return StreamingResponse(_relay(exchange, transducer), status_code=200, media_type=media_type,
-                             headers=headers)
+                             headers=stream_headers(headers))
 
 
 async def _relay(exchange: UpstreamExchange, transducer: Transducer) -> AsyncIterator[bytes]:
@@ -157,18 +173,23 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def passthrough(request: Request, exchange: UpstreamExchange, *, stream: bool, dialect: Dialect,
-                      requested: str) -> Response:
-    """A child's own answer, relayed unchanged (OpenAI chat and text completions, Responses): streamed as
-    it comes when the client asked for a stream and the child answered 200, else read whole (abandoned
-    if the client goes away). Before the first byte the child's real status goes to the client, except
-    that a 500 which is really a bad request becomes a 400 (:func:`remap_upstream_error`). The one change
-    to the bytes: the child's ``"model":"<alias>"`` (the lease's reference, its ``-a``) becomes
-    ``requested``, the name the client sent, as Ollama echoes the request's model."""
+                      requested: str, kind: Kind | None = None, usage_chunk: bool = False) -> Response:
+    """A child's own answer, relayed (OpenAI chat and text completions, Responses): streamed as it comes
+    when the client asked for a stream and the child answered 200, else read whole (abandoned if the
+    client goes away). Before the first byte the child's real status goes to the client, except that a
+    500 which is really a bad request becomes a 400 (:func:`remap_upstream_error`). The changes to the
+    bytes: the child's ``"model":"<alias>"`` (the lease's reference, its ``-a``) becomes ``requested``,
+    the name the client sent, as Ollama echoes the request's model; and for an answer of ``kind``, what
+    :class:`~llmman.protocol.openai.stream.OpenAIStream` fixes (``usage_chunk``: a text completion asked
+    for ``stream_options.include_usage``), or for a whole answer object tool arguments made strings."""
     echo = ModelEcho.between(exchange.lease.reference, requested)
     if stream and exchange.status == 200:
-        return stream_answer(exchange, Passthrough(dialect, echo), headers=exchange.headers)
+        fix = OpenAIStream(kind, usage_chunk=usage_chunk) if kind is not None else None
+        return stream_answer(exchange, Passthrough(dialect, echo, fix), headers=exchange.headers)
     data = await unless_disconnected(request, exchange.read())
     if echo is not None:
         data = echo.feed(data) + echo.flush()
+    if exchange.status == 200 and kind is not None:
+        data = fix_arguments(data)
     status, data = remap_upstream_error(exchange.status, data)
     return Response(data, status_code=status, headers=exchange.headers)

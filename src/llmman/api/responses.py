@@ -28,6 +28,7 @@ from llmman.protocol.capabilities import capability_error, responses_needs
 from llmman.protocol.conversation import conversation_key
 from llmman.protocol.errors import Dialect
 from llmman.protocol.openai.responses import clean_request
+from llmman.protocol.openai.stream import Kind
 
 log = logging.getLogger("llmman.api.responses")
 
@@ -59,5 +60,6 @@ async def _serve(request: Request, path: str, body: dict[str, object], name: str
         if refusal is not None:
             return bad_request(refusal)
     exchange = await unless_disconnected(request, services.gateway.open(model, path, orjson.dumps(body)))
+    kind = Kind.RESPONSES if path == "/v1/responses" else None
     return await passthrough(request, exchange, stream=body.get("stream") is True, dialect=Dialect.RESPONSES,
-                             requested=name)
+                             requested=name, kind=kind)

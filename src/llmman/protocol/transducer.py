@@ -6,7 +6,8 @@ as it arrives, ``close`` once at the end of the child's stream, or ``error`` onc
 (:func:`llmman.protocol.errors.error_frame`). Each returns the bytes to send now (``b""`` for none).
 
 Implementations: :class:`Passthrough` (OpenAI chat/text completions and Responses, the child's bytes
-with only the model name echoed), :class:`SSETransducer` around an event-level transducer
+with the model name echoed and llama-server's slips fixed by
+:class:`~llmman.protocol.openai.stream.OpenAIStream`), :class:`SSETransducer` around an event-level transducer
 (Anthropic's :class:`~llmman.protocol.anthropic.messages.AnthropicStream` and
 :class:`~llmman.protocol.anthropic.tools.ForcedToolStream`), and
 :class:`~llmman.protocol.ollama.ndjson.OllamaNdjson` (SSE to Ollama's NDJSON). No I/O here.
@@ -20,6 +21,7 @@ from llmman.errors import LlmmanError
 from llmman.protocol.errors import Dialect, error_frame
 from llmman.protocol.framing import SSEDecoder, SSEEvent
 from llmman.protocol.model_echo import ModelEcho
+from llmman.protocol.openai.stream import OpenAIStream
 
 
 class Transducer(Protocol):
@@ -68,17 +70,25 @@ class SSETransducer:
 
 class Passthrough:
     """The child's bytes as they are, except its ``"model":"<alias>"`` becomes the name the client sent
-    (``echo``; None changes nothing); a break is the ``dialect``'s in-band frame."""
+    (``echo``; None changes nothing) and, with ``fix``, what :class:`OpenAIStream` fixes (a missing first
+    event, a drifting ``created``, usage in its own chunk, object tool arguments); a break is the
+    ``dialect``'s in-band frame."""
 
-    def __init__(self, dialect: Dialect, echo: ModelEcho | None = None) -> None:
+    def __init__(self, dialect: Dialect, echo: ModelEcho | None = None,
+                 fix: OpenAIStream | None = None) -> None:
         self.dialect = dialect
         self.echo = echo
+        self.fix = fix
 
     def feed(self, chunk: bytes) -> bytes:
-        return chunk if self.echo is None else self.echo.feed(chunk)
+        out = chunk if self.echo is None else self.echo.feed(chunk)
+        return out if self.fix is None else self.fix.feed(out)
 
     def close(self) -> bytes:
-        return b"" if self.echo is None else self.echo.flush()
+        out = b"" if self.echo is None else self.echo.flush()
+        if self.fix is None:
+            return out
+        return self.fix.feed(out) + self.fix.flush() if out else self.fix.flush()
 
     def error(self, exc: LlmmanError) -> bytes:
         return error_frame(self.dialect, exc.message, exc.status, exc.code)

@@ -198,7 +198,13 @@ class AnthropicStream:
     """Transducer for llama-server's native Anthropic SSE stream: ``feed(event) -> bytes`` to send, then
     ``close() -> bytes`` at end of stream.
 
-    Rewrites ``message_start`` (id, model) and follows it with ``{"type": "ping"}``; sends content blocks
+    Every stream begins with ``message_start`` (id, model) and ``{"type": "ping"}``, whatever the child
+    sends: under CPU load llama-server b11434 sometimes leaves its ``message_start`` out, and the
+    ``anthropic`` SDK then yields no text (strict clients reject the stream). When the first event is
+    anything else, llmman's own ``message_start`` goes first (``message_id``, the client's model,
+    ``input_tokens: 0`` as the forced-tool stream sends), once; a child's ``message_start`` that comes
+    later is dropped, its ``input_tokens`` (and cache figures) then ride on ``message_delta``'s usage,
+    which Anthropic's clients read as the final figures. Sends content blocks
     one after the other: when a block starts while another is open, the open one is closed first (a
     thinking block with a ``signature_delta`` if it had none), and the upstream's own late
     ``signature_delta``/``content_block_stop`` for it are dropped; a block still open at
@@ -206,10 +212,14 @@ class AnthropicStream:
     unfinished stream gets one ``error`` event.
     """
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, message_id: str = "msg_local") -> None:
         self.model = model
+        self.message_id = message_id
         self.finished = False
         self.failed = False
+        self.started = False  # message_start (the child's or ours) has been sent
+        self.synthesised = False  # ours: the child's first event was not message_start
+        self._late_usage: dict[str, object] = {}  # a late child message_start's input figures
         self._open: int | None = None  # the index of the block now open
         self._open_type = ""
         self._signed = False  # the open (thinking) block has had its signature_delta
@@ -264,14 +274,38 @@ class AnthropicStream:
         if not isinstance(kind, str):
             return b""
         if kind == "message_start" and isinstance(data.get("message"), dict):
+            if self.started:  # late: ours went first; its input figures go on message_delta
+                usage = data["message"].get("usage")
+                if isinstance(usage, dict):
+                    self._late_usage = {k: v for k, v in usage.items() if k != "output_tokens"}
+                return b""
+            self.started = True
             data = dict(data)
             data["message"] = fix_message(data["message"], self.model)
             return sse(data, event=kind) + sse({"type": "ping"}, event="ping")
+        head = b"" if self.started else self._start()
+        return head + self._event(kind, data)
+
+    def _start(self) -> bytes:
+        """Our ``message_start`` and ``ping``, for a stream whose child sent none first."""
+        self.started = self.synthesised = True
+        message: dict[str, object] = {
+            "id": self.message_id, "type": "message", "role": "assistant", "content": [],
+            "model": self.model, "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0}}
+        return sse({"type": "message_start", "message": message}, event="message_start") + sse(
+            {"type": "ping"}, event="ping")
+
+    def _event(self, kind: str, data: dict[str, object]) -> bytes:
         if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
             return self._block_event(kind, data)
         out = self._close_open() if kind in ("message_delta", "message_stop") else b""
-        if kind == "message_delta" and isinstance(data.get("delta"), dict):
-            data = {**data, "delta": _stop_reason(data["delta"])}
+        delta = data.get("delta")
+        if kind == "message_delta" and isinstance(delta, dict):
+            data = {**data, "delta": _stop_reason(delta)}
+        if kind == "message_delta" and self._late_usage:
+            usage = data.get("usage")
+            data = {**data, "usage": {**self._late_usage, **(usage if isinstance(usage, dict) else {})}}
         if kind == "message_stop":
             self.finished = True
         return out + sse(data, event=kind)

@@ -4,6 +4,8 @@ Fixes the old llmman's stream bugs: no object for an empty delta (the
 role-only first chunk, the finish chunk, the usage chunk), exactly ONE ``done: true`` object (from
 :meth:`OllamaStream.final`, never from ``[DONE]`` or ``finish_reason``), a real ``done_reason``
 (``length`` when llama-server says so), the six metrics, and ``stream:false`` through :meth:`aggregate`.
+Tool calls come out with an id and their ``arguments`` as an object, whether llama-server streamed them as
+OpenAI's JSON string (in pieces) or, as some builds do, as a JSON object.
 Shapes: Ollama's ``api.ChatResponse``/``api.GenerateResponse`` (``api/types.go``) out of llama-server's
 ``/v1/chat/completions`` and ``/v1/completions`` SSE chunks.
 """
@@ -235,7 +237,9 @@ class OllamaStream:
         fn = td.get("function")
         if isinstance(fn, dict):
             call.name += _text(fn.get("name"))
-            call.arguments.append(_text(fn.get("arguments")))
+            args = fn.get("arguments")
+            # a JSON object (some llama-server builds) is kept whole, never read as "" (arguments lost)
+            call.arguments.append(orjson.dumps(args).decode() if isinstance(args, dict) else _text(args))
 
     def _flush_calls(self) -> list[dict[str, object]]:
         calls: list[dict[str, object]] = []

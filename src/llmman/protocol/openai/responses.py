@@ -8,6 +8,9 @@ needs before the body goes to llama-server's own Responses route (``/v1/response
   the ``text`` of every block, concatenated) is appended to top-level ``instructions``, joined with a
   blank line; ``instructions`` is written only when non-empty. Chat templates want one leading system
   prompt, which is what llama-server makes of ``instructions``.
+- A replayed ``function_call`` item whose ``arguments`` is a JSON object (written by a child or a client
+  that got one) gets it as its JSON string: llama-server refuses the object (``Cannot determine type of
+  'item'``).
 
 Everything else passes through unchanged. No I/O here.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 from llmman.errors import BadRequest
 from llmman.protocol.openai.shapes import peek_model
+from llmman.protocol.openai.stream import stringify_arguments
 from llmman.protocol.openai.validate import validate_responses
 
 __all__ = ["clean_request"]
@@ -65,7 +69,8 @@ def clean_request(raw: bytes) -> tuple[dict[str, object], str]:
                     texts.append(text)
             else:
                 kept_items.append(item)
-        out["input"] = kept_items
+        replayed, changed = stringify_arguments(kept_items)
+        out["input"] = replayed if changed else kept_items
     elif items is not None and not isinstance(items, str):
         raise BadRequest("input must be a string or an array of items")
     if texts:

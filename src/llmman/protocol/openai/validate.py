@@ -212,7 +212,9 @@ def _tool_calls(where: str, calls: object) -> None:
         if not isinstance(fn.get("name"), str):
             raise _missing(f"{at}.function.name") if fn.get("name") is None else _wrong_type(
                 f"{at}.function.name", "a string", fn["name"])
-        if fn.get("arguments") is not None and not isinstance(fn["arguments"], str):
+        if fn.get("arguments") is not None and not isinstance(fn["arguments"], str | dict):
+            # a JSON object too: replayed history from a client (or a child) that wrote one; the route
+            # sends it on as its JSON string (llmman.protocol.openai.stream.stringify_arguments)
             raise _wrong_type(f"{at}.function.arguments", "a string", fn["arguments"])
 
 
