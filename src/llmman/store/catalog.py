@@ -25,7 +25,7 @@ from llmman.errors import ModelNotFound, StoreError
 from llmman.gguf import GGUFInfo, merge_split, read_gguf, with_capability
 from llmman.store import mediatypes as mt
 from llmman.store.build import build_manifest, plan_build
-from llmman.store.files import gguf_blobs, gguf_digests, resolve_files
+from llmman.store.files import gguf_blobs, gguf_digests, import_error, imported_origin, resolve_files
 from llmman.store.layout import Check, Layout
 from llmman.store.model import ModelFiles, StoredModel, descriptor_digests
 
@@ -50,17 +50,6 @@ class BlobCheck:
 def stored_name(ref: Reference) -> str:
     """The ``ref.name`` annotation for a reference: ``registry/repository:tag`` (never the digest)."""
     return f"{ref.registry}/{ref.repository}:{ref.tag}"
-
-
-def imported_origin(layout: Layout, model: StoredModel, digest: str) -> str | None:
-    """Where ``model``'s blob ``digest`` was imported from (``llmman import``), or None for a blob the
-    store owns: a reference (the blob is a symlink) names its target; a hard link, the file named in the
-    manifest's ``ai.llmman.imported-from`` annotation."""
-    with contextlib.suppress(OSError, StoreError):
-        return os.readlink(layout.blob_path(digest))
-    ann = model.manifest.get("annotations")
-    origin = ann.get(mt.IMPORTED_FROM) if isinstance(ann, dict) else None
-    return origin if isinstance(origin, str) and origin else None
 
 
 def _matches(entry: dict[str, Any], ref: Reference) -> bool:
@@ -131,14 +120,10 @@ class Store:
         if verify:
             for digest in gguf_digests(model):
                 origin = imported_origin(self.layout, model, digest)  # before a corrupt link is removed
+                linked = self.layout.blob_path(digest).is_symlink()
                 state = self.layout.verify_blob(digest)
                 if state != "ok" and origin is not None:
-                    what = "has changed (its bytes no longer match" if state == "corrupt" else \
-                        "is gone (moved or deleted" if state == "missing" else ""
-                    raise StoreError(
-                        f"{origin}, which {model.reference} was imported from, {what} blob {digest}); "
-                        f"llmman does not use it: run `llmman import` on it again", status=503,
-                        code="import_changed" if state == "corrupt" else "import_missing")
+                    raise import_error(model, digest, origin, changed=state == "corrupt", linked=linked)
                 if state == "corrupt":
                     raise StoreError(
                         f"blob {digest} of {model.reference} was corrupt (its bytes no longer match its "

@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 from llmman.errors import StoreError
+from llmman.store import mediatypes as mt
 from llmman.store.build import SPLIT_NAME
 from llmman.store.layout import Layout
 from llmman.store.model import ModelFiles, StoredModel, layer_filename, layer_role
@@ -31,9 +32,12 @@ def gguf_blobs(layout: Layout, model: StoredModel) -> tuple[list[tuple[str, Path
         role = layer_role(desc)
         if role not in ("model", "mmproj"):
             continue
-        path = layout.blob_path(str(desc.get("digest")))
+        digest = str(desc.get("digest"))
+        path = layout.blob_path(digest)
         if not path.is_file():
-            digest = desc.get("digest")
+            origin = imported_origin(layout, model, digest)
+            if origin is not None:
+                raise import_error(model, digest, origin, changed=False, linked=path.is_symlink())
             raise StoreError(f"blob {digest} of {model.reference} is missing; pull the model again")
         if role == "mmproj":
             mmproj = mmproj or path
@@ -42,6 +46,29 @@ def gguf_blobs(layout: Layout, model: StoredModel) -> tuple[list[tuple[str, Path
     if not shards:
         raise StoreError(f"no servable GGUF layer in {model.reference}")
     return _name_shards(shards), mmproj
+
+
+def imported_origin(layout: Layout, model: StoredModel, digest: str) -> str | None:
+    """Where ``model``'s blob ``digest`` was imported from (``llmman import``), or None for a blob the
+    store owns: a reference (the blob is a symlink) names its target; a hard link, the file named in the
+    manifest's ``ai.llmman.imported-from`` annotation."""
+    with contextlib.suppress(OSError, StoreError):
+        return os.readlink(layout.blob_path(digest))
+    ann = model.manifest.get("annotations")
+    origin = ann.get(mt.IMPORTED_FROM) if isinstance(ann, dict) else None
+    return origin if isinstance(origin, str) and origin else None
+
+
+def import_error(model: StoredModel, digest: str, origin: str, *, changed: bool, linked: bool) -> StoreError:
+    """The 503 for an imported model whose source ``origin`` changed (``changed``: its bytes no longer
+    match ``digest``) or is gone (``linked``: the store's reference dangles; else the store's link was
+    removed), so llmman does not serve it."""
+    what = ("has changed: its bytes no longer match" if changed else
+            "is gone (moved or deleted): it was" if linked else
+            "is no longer in the store (it changed, or its link was removed): it was")
+    return StoreError(f"{origin}, which {model.reference} was imported from, {what} blob {digest}; llmman "
+                      "does not use it: run `llmman import` on it again", status=503,
+                      code="import_changed" if changed else "import_missing")
 
 
 def gguf_digests(model: StoredModel) -> list[str]:
