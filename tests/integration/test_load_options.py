@@ -7,37 +7,70 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.daemons import Daemon, model_daemon
+from llmman.refs import parse_reference
+from llmman.store import Store
+from tests.integration.daemons import HOP, Daemon, free_port, start_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(300)]
 
 MODEL = "docker.io/ai/smollm2:135m"
 
 
+@dataclass
+class Nodes:
+    back: Daemon  # stores the model
+    front: Daemon  # stores nothing: its requests are forwarded to ``back`` (a hop)
+
+
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     model = os.environ.get("LLMMAN_TEST_MODEL")
     if not model:
         pytest.skip("LLMMAN_TEST_MODEL is not set")
-    with model_daemon(tmp_path_factory.mktemp("loadopts"), Path(model)) as d:
-        yield d
+    hosts = "127.0.0.51", "127.0.0.52"
+    ports = free_port(hosts[0]), free_port(hosts[1])
+    back_tmp, front_tmp = tmp_path_factory.mktemp("back"), tmp_path_factory.mktemp("front")
+    Store(back_tmp / "store").build(parse_reference("smollm2:135m"), Path(model))
+    back = start_daemon(back_tmp, host=hosts[1], port=ports[1],
+                        extra_env={"LLMMAN_PEERS": f"{hosts[0]}:{ports[0]}"})
+    try:
+        front = start_daemon(front_tmp, host=hosts[0], port=ports[0],
+                             extra_env={"LLMMAN_PEERS": f"{hosts[1]}:{ports[1]}"})
+        try:
+            yield Nodes(back, front)
+        finally:
+            front.stop()
+    finally:
+        back.stop()
 
 
-def generate(d: Daemon, options: dict[str, Any] | None = None) -> httpx.Response:
-    body: dict[str, Any] = {"model": "smollm2:135m", "prompt": "hi", "stream": False,
+@pytest.fixture(scope="module")
+def daemon(nodes: Nodes) -> Daemon:
+    """The daemon that stores and runs the model."""
+    return nodes.back
+
+
+def generate(d: Daemon, options: dict[str, Any] | None = None,
+             route: str = "/api/generate") -> httpx.Response:
+    body: dict[str, Any] = {"model": "smollm2:135m", "stream": False,
                             "options": {"num_predict": 2, **(options or {})}}
-    return httpx.post(d.url + "/api/generate", json=body, timeout=120)
+    if route == "/api/chat":
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "hi"
+    return httpx.post(d.url + route, json=body, timeout=120)
 
 
 def child(d: Daemon) -> tuple[int, list[str]]:
     """The one llama-server child's pid and its command line as the kernel has it."""
-    r = httpx.get(d.url + "/api/ps", timeout=10)
+    r = httpx.get(d.url + "/api/ps", headers=HOP, timeout=10)
     (entry,) = [m for m in r.json()["models"] if m["model"] == MODEL]
     pid = int(entry["pid"])
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -90,3 +123,18 @@ def test_a_load_option_llama_server_cannot_take_is_a_400(daemon: Daemon, options
     r = generate(daemon, options)
     assert r.status_code == 400
     assert r.json() == {"error": words}
+
+
+@pytest.mark.parametrize("route", ["/api/chat", "/api/generate"])
+def test_load_options_survive_a_hop(nodes: Nodes, route: str) -> None:
+    """Sent to a node that stores nothing, the request runs on its peer with the options it gave."""
+    r = generate(nodes.front, {"num_thread": 3, "num_batch": 96}, route)
+    assert r.status_code == 200, r.text
+    assert not nodes.front.children()  # served by the peer
+    first, argv = child(nodes.back)
+    assert flag(argv, "-t") == "3" and flag(argv, "-b") == "96"
+    assert generate(nodes.front, {"num_thread": 4}, route).status_code == 200
+    second, argv = child(nodes.back)
+    assert second != first and flag(argv, "-t") == "4"  # reloaded on the peer
+    bad = generate(nodes.front, {"num_batch": -5}, route)
+    assert bad.status_code == 400 and bad.json() == {"error": 'option "num_batch" must be at least 1, got -5'}
