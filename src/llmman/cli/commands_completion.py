@@ -28,7 +28,7 @@ MODEL_ARGUMENTS = frozenset({
     ("logs", "model"),
 })
 #: The stored models' names: the NAME column of ``llmman list`` (nothing when it fails).
-LIST_MODELS = "llmman list 2>/dev/null | awk 'NR > 1 {print $1}'"
+LIST_MODELS = "llmman list 2>/dev/null | tail -n +2 | cut -d ' ' -f 1"
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
