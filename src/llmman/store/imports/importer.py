@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -113,6 +114,28 @@ def _manifest(store: Store, found: Found, name: str, written: list[str]) -> tupl
     return json.dumps(manifest, separators=(",", ":")).encode(), hows
 
 
+def _holds(store: Store, digest: str, path: Path) -> bool:
+    """True when the blob ``digest`` is ``path`` itself and verified since it last changed."""
+    try:
+        return os.path.samefile(store.blob_path(digest), path) and store.layout.is_verified(digest)
+    except (OSError, StoreError):
+        return False
+
+
+def _known(store: Store, found: Found, layers: list[dict[str, Any]]) -> Found:
+    """``found`` with the digest of each file the store already links, unchanged since it was hashed
+    (the same inode, or the target of a reference, whose verification record still matches): a re-import
+    (every daemon start, with ``store.scan_dirs``) hashes only what changed."""
+    digests = [str(d.get("digest")) for d in layers]
+    parts = []
+    for part in found.parts:
+        if part.digest is None and part.link:
+            same = next((d for d in digests if _holds(store, d, part.path)), None)
+            part = replace(part, digest=same) if same is not None else part
+        parts.append(part)
+    return replace(found, parts=tuple(parts))
+
+
 def import_found(store: Store, found: Found, *, name: str | None = None, dry_run: bool = False) -> Outcome:
     """Import one found model (rules in the module docstring) as ``name`` (default its own). Raises
     InvalidReference for a bad ``name``; every other failure is the outcome's ``failed`` state."""
@@ -128,6 +151,8 @@ def import_found(store: Store, found: Found, *, name: str | None = None, dry_run
                                                                "(not imported from here): pass --name")
     if dry_run:
         return Outcome(shown, found.source, "would import", size=size, detail=notes)
+    if existing is not None:
+        found = _known(store, found, existing.layers)
     written: list[str] = []
     try:
         data, hows = _manifest(store, found, shown, written)
