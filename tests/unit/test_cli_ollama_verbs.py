@@ -229,3 +229,15 @@ def test_repl_sends_the_session_and_saves_it(fake: FakeDaemon, capsys: pytest.Ca
                  "/show info         Show details for this model", "Available Parameters:"):
         assert said in out, said
     assert "Be brief.\n" in out  # /show system: the session's
+
+
+def test_set_parameter_refuses_what_the_daemon_would(fake: FakeDaemon,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    fake.routes[("POST", "/api/chat")] = (200, [_chunk("ok"), _chunk(eval_count=1)])
+    args = build_parser().parse_args(["run", "m"])
+    read = _lines("/set parameter bogus 1", "/set parameter top_k high", "/set parameter top_k 5", "hi")
+    assert interactive_chat(DaemonClient(f"http://127.0.0.1:{fake.port}"), args, read=read) == 0
+    out = capsys.readouterr().out
+    assert "Couldn't set parameter: unknown parameter 'bogus'" in out
+    assert 'Couldn\'t set parameter: option "top_k" must be of type integer' in out
+    assert [b["options"] for b in fake.bodies("POST", "/api/chat")] == [{"top_k": 5}]

@@ -141,6 +141,23 @@ class Session:
         return body
 
 
+def option_problem(name: str, value: object) -> str | None:
+    """What the daemon would say of ``options: {name: value}`` (the same checks,
+    llmman.protocol.ollama.fields), or None when it takes it; a chat request ignores an unknown option, so
+    ``/set parameter`` refuses it here, as Ollama's does."""
+    from llmman.protocol.ollama.fields import options_to_sampling, runner_options, unknown_options
+
+    candidate = {name: value}
+    if unknown_options(candidate):
+        return f"unknown parameter '{name}'"
+    try:
+        options_to_sampling(candidate)
+        runner_options(candidate)
+    except LlmmanError as exc:
+        return exc.message
+    return None
+
+
 def _set(session: Session, words: list[str], text: str) -> None:
     """``/set ...``: see the module docstring; prints what changed, as Ollama does."""
     args = session.args
@@ -150,7 +167,12 @@ def _set(session: Session, words: list[str], text: str) -> None:
             print(PARAMETER_HELP)
             return
         name, values = words[2], words[3:]
-        session.options[name] = values if name in LIST_PARAMETERS else parameter_value(values[0])
+        value = values if name in LIST_PARAMETERS else parameter_value(values[0])
+        problem = option_problem(name, value)
+        if problem:
+            print(f"Couldn't set parameter: {problem}")
+            return
+        session.options[name] = value
         shown = ", ".join(f'"{v}"' for v in values) if name in LIST_PARAMETERS else values[0]
         print(f"Set parameter '{name}' to '{shown}'")
     elif what == "system":
