@@ -263,7 +263,7 @@ class Gateway:
         batch = options.num_batch if options.num_batch and not embedding else N_UBATCH
         predicted = estimate(info, n_ctx=n_ctx, n_parallel=n_parallel, extra_weights=projector,
                              n_ubatch=min(batch, n_ctx * n_parallel))
-        preset_layers = preset.gpu_layers if preset else None
+        layers = options.num_gpu if options.num_gpu is not None else preset.gpu_layers if preset else None
         return ModelPlan(
             reference=model.stored.reference,
             digest=model.stored.digest,
@@ -276,10 +276,10 @@ class Gateway:
             embedding=embedding,
             pooling="mean" if embedding and f"{info.architecture}.pooling_type" not in info.metadata
             else None,
-            n_gpu_layers=options.num_gpu if options.num_gpu is not None else preset_layers,
+            n_gpu_layers=layers,
             devices=devices,
             extra_args=(preset.extra_args if preset else ()) + load_args(flags, embedding=embedding,
-                                                                          n_ctx=n_ctx),
+                                                                          n_ctx=n_ctx, cpu_only=layers == 0),
             load=load,
             asked_gpu_layers=options.num_gpu,
         )

@@ -90,7 +90,7 @@ def test_each_load_option_is_its_llama_server_flag(daemon: Daemon) -> None:
     _, argv = child(daemon)
     assert flag(argv, "-t") == "2"
     assert flag(argv, "-b") == "64" and flag(argv, "-ub") == "64"  # Ollama's one batch size for both
-    assert flag(argv, "-ngl") == "0"
+    assert flag(argv, "-ngl") == "0" and flag(argv, "-dev") == "none"  # CPU only: no device at all
     assert flag(argv, "-mg") == "0"
     assert flag(argv, "-lm") == "none"  # use_mmap false: llama-server b11434's --load-mode none
 

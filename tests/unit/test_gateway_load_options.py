@@ -52,7 +52,8 @@ async def test_load_options_are_in_the_plan_and_its_flags(tmp_path: Path,
     asked = gw.plan(model, options=RunnerOptions(num_ctx=1024, num_thread=3, num_batch=2048, num_gpu=0,
                                                  main_gpu=0, use_mmap=False))
     assert asked.n_ctx == 1024 and asked.n_gpu_layers == 0 and asked.on_host
-    assert asked.extra_args == ("-t", "3", "-b", "2048", "-ub", "2048", "-mg", "0", "-lm", "none")
+    assert asked.extra_args == ("-t", "3", "-b", "2048", "-ub", "2048", "-mg", "0", "-lm", "none",
+                                "-dev", "none")  # num_gpu 0: no device at all
     assert asked.child != plain.child  # another child
     # num_batch is the physical batch the estimate counts (capped at the context it can fill)
     assert gw.plan(model, options=RunnerOptions(num_batch=1024)).estimate > plain.estimate

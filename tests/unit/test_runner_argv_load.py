@@ -32,6 +32,10 @@ def test_load_args(load: LoadOptions, argv: tuple[str, ...]) -> None:
     assert load_args(load) == argv
 
 
+def test_cpu_only_uses_no_device() -> None:
+    assert load_args(LoadOptions(threads=2), cpu_only=True) == ("-t", "2", "-dev", "none")
+
+
 def test_an_embedding_child_keeps_a_batch_that_holds_its_context() -> None:
     assert load_args(LoadOptions(batch=256), embedding=True, n_ctx=2048) == ()
     assert load_args(LoadOptions(batch=4096), embedding=True, n_ctx=2048) == ("-b", "4096", "-ub", "4096")

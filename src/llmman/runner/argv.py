@@ -100,8 +100,14 @@ def load_mode(mmap: bool | None, mlock: bool | None) -> str | None:
     return "mmap" if mmap else "none"
 
 
-def load_args(load: LoadOptions, *, embedding: bool = False, n_ctx: int = 0) -> tuple[str, ...]:
-    """The flags for ``load`` (appended to a child's argv): ``[-t N] [-b N -ub N] [-mg K] [-lm MODE]``.
+def load_args(load: LoadOptions, *, embedding: bool = False, n_ctx: int = 0,
+              cpu_only: bool = False) -> tuple[str, ...]:
+    """The flags for ``load`` (appended to a child's argv): ``[-t N] [-b N -ub N] [-mg K] [-lm MODE]
+    [-dev none]``.
+
+    ``cpu_only`` (``-ngl 0``: Ollama's ``num_gpu`` 0) adds ``-dev none``: with no layer on a GPU llama-server
+    would still put compute buffers there (it offloads big batches' matrix products), and llmman plans no
+    device memory for such a model (llmman.sched.plan.ModelPlan.on_host).
 
     An embedding child (``embedding``) already gets ``-b``/``-ub`` equal to its per-slot context
     ``n_ctx`` (every input must fit in one physical batch, see :func:`build_argv`): its batch is
@@ -117,6 +123,8 @@ def load_args(load: LoadOptions, *, embedding: bool = False, n_ctx: int = 0) -> 
     mode = load_mode(load.mmap, load.mlock)
     if mode is not None:
         args += ["-lm", mode]
+    if cpu_only:
+        args += ["-dev", "none"]
     return tuple(args)
 
 
