@@ -140,3 +140,32 @@ def test_a_changed_source_is_refused_in_every_dialect(tmp_path: Path, model_file
         assert not d.children()
     finally:
         d.stop()
+
+
+def test_an_imported_model_through_a_hop(tmp_path: Path, model_file: Path) -> None:
+    """``a`` imported the Ollama model; ``b`` (peer ``a``, storing nothing) lists it and serves it in two
+    dialects, forwarding to ``a`` or copying it from ``a``'s ``/v2/``, whichever its router picks."""
+    models = tmp_path / "ollama"
+    ollama_store(models, model_file, system="You are terse.", params={"temperature": 0, "num_predict": 12})
+    (outcome,) = import_all(Store(tmp_path / "a/store"), discover(models))
+    assert outcome.how == "hard link"
+    a = start_daemon(tmp_path / "a", host="127.0.0.21")
+    try:
+        b = start_daemon(tmp_path / "b", host="127.0.0.22", extra_env={"LLMMAN_PEERS": a.url})
+    except BaseException:
+        a.stop()
+        raise
+    try:
+        with b.client() as c:
+            assert OLLAMA_NAME in {m["name"] for m in c.get("/api/tags").json()["models"]}
+            r = c.post("/api/chat", json={"model": OLLAMA_NAME, "messages": ASK, "stream": False})
+            assert r.status_code == 200, r.text
+            assert "paris" in r.json()["message"]["content"].lower()
+            r = c.post("/v1/messages", json={"model": OLLAMA_NAME, "messages": ASK, "max_tokens": 12,
+                                             "temperature": 0})
+            assert r.status_code == 200, r.text
+            assert r.json()["content"][0]["text"].strip()
+    finally:
+        b.stop()
+        a.stop()
+    assert (models / "blobs" / f"sha256-{sha256_file(model_file)}").is_file()
