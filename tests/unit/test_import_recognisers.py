@@ -80,6 +80,7 @@ def test_ollama_store(tmp_path: Path) -> None:
     manifest = json.loads(broken.read_text())
     manifest["layers"].append({"mediaType": mt.OLLAMA_LICENSE, "digest": "sha256:" + "0" * 64, "size": 1})
     broken.write_text(json.dumps(manifest))
+    (models / "manifests/registry.ollama.ai/.DS_Store").write_bytes(b"\0")  # not a manifest
     found = {f.name: f for f in discover(models)}
     assert sorted(found) == ["hf.co/bartowski/SmolLM2-GGUF:Q4_K_M", "ollama.com/library/broken:latest",
                              "ollama.com/library/smollm2:135m", "ollama.com/library/tuned:latest",

@@ -20,7 +20,7 @@ from pathlib import Path
 from llmman.store import mediatypes as mt
 from llmman.store.imports.found import SPLIT, Found, Part, file_tag, is_gguf, split_stem, valid_name
 
-__all__ = ["is_hf_repo", "scan_hf_cache", "scan_hf_repo"]
+__all__ = ["is_hf_repo", "scan_hf_repo"]
 
 _ETAG = re.compile(r"[0-9a-f]{64}")
 _MMPROJ_ORDER = ("-f16.gguf", "-bf16.gguf", "-f32.gguf")
@@ -29,15 +29,6 @@ _MMPROJ_ORDER = ("-f16.gguf", "-bf16.gguf", "-f32.gguf")
 def is_hf_repo(folder: Path) -> bool:
     """True when ``folder`` is one model repository of the hub cache (``models--*`` with snapshots)."""
     return folder.name.startswith("models--") and (folder / "snapshots").is_dir()
-
-
-def scan_hf_cache(hub: Path) -> list[Found]:
-    """Every GGUF model in the hub cache folder ``hub`` (its ``models--*`` repositories)."""
-    found: list[Found] = []
-    for repo in sorted(hub.iterdir()):
-        if is_hf_repo(repo):
-            found.extend(scan_hf_repo(repo))
-    return found
 
 
 def _snapshots(repo: Path) -> list[Path]:

@@ -62,11 +62,13 @@ def model_name(parts: tuple[str, ...]) -> str | None:
 
 
 def scan_ollama(root: Path) -> list[Found]:
-    """Every model of the Ollama store at ``root``, in name order (problems included, as skipped)."""
+    """Every model of the Ollama store at ``root``, in name order (problems included, as skipped); hidden
+    files and folders (``.DS_Store``) are not manifests."""
     found = []
     top = root / "manifests"
-    for folder, _dirs, files in sorted(os.walk(top)):
-        for file in sorted(files):
+    for folder, dirs, files in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for file in sorted(f for f in files if not f.startswith(".")):
             path = Path(folder) / file
             rel = path.relative_to(top).parts
             name = model_name(rel)
