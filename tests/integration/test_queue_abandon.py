@@ -4,8 +4,9 @@ One model fits (``LLMMAN_MAX_LOADED_MODELS=1``). ``drip`` is busy (the fake llam
 one slot, a token every 0.05 s); a request for ``other`` queues for admission, which asks ``drip`` to
 drain for it (``/api/ps`` shows ``draining``). Its client disconnects: ``other`` leaves the queue at once,
 ``drip`` is no longer draining, and when ``drip`` frees up it stays loaded and the next ``drip`` request is
-served by the same child; ``other`` was never started. On every dialect's chat route, and through a hop
-(a front daemon storing nothing forwards to the daemon that stores both models).
+served by the same child; ``other`` was never started, even asked with ``keep_alive: -1``. On every
+dialect's chat route, and through a hop (a front daemon storing nothing forwards to the daemon that stores
+both models).
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def own_models(d: Daemon) -> dict[str, dict[str, Any]]:
 
 ROUTES: dict[str, tuple[str, Any]] = {
     "ollama": ("/api/chat", lambda model: {"model": model, "messages": [{"role": "user", "content": "hi"}]}),
+    "ollama-kept-forever": ("/api/chat", lambda model: {"model": model, "keep_alive": -1,
+                                                       "messages": [{"role": "user", "content": "hi"}]}),
     "openai": ("/v1/chat/completions", lambda model: {"model": model, "stream": True,
                                                       "messages": [{"role": "user", "content": "hi"}]}),
     "anthropic": ("/v1/messages", lambda model: {"model": model, "max_tokens": 100, "stream": True,

@@ -6,6 +6,7 @@ tests/integration/test_queue_abandon.py)."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 import pytest
@@ -44,8 +45,10 @@ async def until(condition: Callable[[], bool], what: str, within: float = 5.0) -
         await asyncio.sleep(0.005)
 
 
+@pytest.mark.parametrize("keep_alive", [None, math.inf], ids=["default", "forever"])
 @pytest.mark.parametrize("limit", ["count", "memory"])
-async def test_a_queued_request_that_leaves_evicts_nobody(limit: str) -> None:
+async def test_a_queued_request_that_leaves_evicts_nobody(limit: str, keep_alive: float | None) -> None:
+    """Whatever its keep_alive: a load kept forever still waiting for room is not started either."""
     launcher = Launcher()
     if limit == "count":
         sched = Scheduler(launcher, default_keep_alive=300, max_loaded=1)
@@ -54,7 +57,7 @@ async def test_a_queued_request_that_leaves_evicts_nobody(limit: str) -> None:
         sched = Scheduler(launcher, default_keep_alive=300, capacity=1000)
         a_plan, b_plan = plan(A, 600), plan(B, 600)
     lease = await sched.acquire(a_plan)  # A busy: its only request is in flight
-    waiting = asyncio.create_task(sched.acquire(b_plan))
+    waiting = asyncio.create_task(sched.acquire(b_plan, keep_alive=keep_alive))
     await until(lambda: sched._table[A].evicting, "A to be asked to drain for B")
     assert sched.queued() == 1
 

@@ -40,7 +40,9 @@ Draining (docs/aggregation.md, "Draining a node and stopping a model"):
   served (the router sends new work elsewhere). :meth:`Scheduler.undrain` ends it;
 * a load whose last waiter went away (the client left, or a front node gave up on this peer) is
   cancelled and its child killed, unless nobody asked for it (a restart) or it is pinned (keep_alive
-  forever: a preload): those load for themselves.
+  forever: a preload) and already started: those load for themselves. One still waiting for room is
+  cancelled whatever its keep_alive, and the busy models its admission asked to drain stay
+  (llmman.sched.admission.Admission.admit).
 
 An entry whose child is stopping stays in the table (draining) until the child has exited: its memory is
 still counted by admission and a new load of the same model waits for it.
@@ -203,11 +205,13 @@ class Scheduler:
 
     def _abandoned(self, entry: LoadedModel) -> None:
         """The last waiter of ``entry``'s load went away: cancel the load (which kills the child) unless
-        nobody asked for it (a restart) or it is pinned (keep_alive forever, as a preload)."""
+        nobody asked for it (a restart) or it is pinned (keep_alive forever, as a preload) and already
+        started. A load still waiting for room (admission) is cancelled even when pinned: nothing is
+        loaded, nor evicted, for a client that has gone (Ollama skips a cancelled pending request)."""
         load = entry.load_task
         if load is None or load.done():
             self._drop(entry)
-        elif not entry.restarted and not math.isinf(entry.keep_alive):
+        elif not entry.restarted and (not math.isinf(entry.keep_alive) or not entry.admitted):
             log.info("nobody waits for %s any more: its load is cancelled", entry.plan.reference)
             entry.unload_when_idle = True  # a request arriving meanwhile waits for it to go, then loads
             load.cancel()
