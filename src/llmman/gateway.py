@@ -260,9 +260,12 @@ class Gateway:
         if options.main_gpu is not None:
             devices, main_gpu = self._main_gpu(model, devices, options.main_gpu)
             flags = replace(load, main_gpu=main_gpu)
-        batch = options.num_batch if options.num_batch and not embedding else N_UBATCH
+        # llama.cpp caps the batch at the context it can fill; without num_batch, its default -ub.
+        batch = N_UBATCH
+        if options.num_batch and not embedding:
+            batch = min(options.num_batch, n_ctx * n_parallel)
         predicted = estimate(info, n_ctx=n_ctx, n_parallel=n_parallel, extra_weights=projector,
-                             n_ubatch=min(batch, n_ctx * n_parallel))
+                             n_ubatch=batch)
         layers = options.num_gpu if options.num_gpu is not None else preset.gpu_layers if preset else None
         return ModelPlan(
             reference=model.stored.reference,
