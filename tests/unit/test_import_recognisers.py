@@ -44,20 +44,20 @@ def test_local_name() -> None:
 def test_model_dirs_follow_each_tools_variables(tmp_path: Path) -> None:
     home = {"HOME": str(tmp_path)}
     d = model_dirs(home)
-    assert d.ollama == tmp_path / ".ollama/models"
+    assert d.ollama == (tmp_path / ".ollama/models", Path("/usr/share/ollama/.ollama/models"))
     assert d.hf == tmp_path / ".cache/huggingface/hub"
     assert d.llama_cpp == tmp_path / ".cache/llama.cpp"
     assert d.lmstudio == (tmp_path / ".lmstudio/models", tmp_path / ".cache/lm-studio/models")
     d = model_dirs({**home, "XDG_CACHE_HOME": "/x", "HF_HOME": "~/hf", "OLLAMA_MODELS": "/o"})
-    assert (d.ollama, d.hf, d.llama_cpp) == (Path("/o"), tmp_path / "hf/hub", Path("/x/llama.cpp"))
+    assert (d.ollama, d.hf, d.llama_cpp) == ((Path("/o"),), tmp_path / "hf/hub", Path("/x/llama.cpp"))
     d = model_dirs({**home, "HF_HOME": "/h", "HF_HUB_CACHE": "/c", "LLAMA_CACHE": "/l"})
     assert (d.hf, d.llama_cpp) == (Path("/c"), Path("/l"))
     assert model_dirs({**home, "HUGGINGFACE_HUB_CACHE": "/old"}).hf == Path("/old")
-    assert model_dirs({**home, "OLLAMA_MODELS": ""}).ollama == tmp_path / ".ollama/models"
+    assert model_dirs({**home, "OLLAMA_MODELS": ""}).ollama[0] == tmp_path / ".ollama/models"
 
 
 def test_sources_keywords_and_paths(tmp_path: Path) -> None:
-    dirs = model_dirs({"HOME": str(tmp_path)})
+    dirs = model_dirs({"HOME": str(tmp_path), "OLLAMA_MODELS": str(tmp_path / ".ollama/models")})
     (tmp_path / ".ollama/models").mkdir(parents=True)
     (tmp_path / ".lmstudio/models").mkdir(parents=True)
     assert sources_of([], dirs) == [(tmp_path / ".ollama/models", False),

@@ -3,7 +3,9 @@
 Each follows its tool's own variable and default, as that tool resolves it (an empty variable counts as
 unset):
 
-* ``ollama``: ``$OLLAMA_MODELS``, else ``~/.ollama/models`` (Ollama's envconfig).
+* ``ollama``: ``$OLLAMA_MODELS``, else ``~/.ollama/models`` (Ollama's envconfig) and
+  ``/usr/share/ollama/.ollama/models`` (the home of the ``ollama`` user that Ollama's Linux install runs
+  its service as).
 * ``hf``: the Hugging Face hub cache: ``$HF_HUB_CACHE``, else ``$HUGGINGFACE_HUB_CACHE`` (its older
   name), else ``$HF_HOME/hub``, ``$HF_HOME`` defaulting to ``$XDG_CACHE_HOME/huggingface`` or
   ``~/.cache/huggingface`` (huggingface_hub's constants).
@@ -26,6 +28,7 @@ from llmman.config.environment import home
 
 __all__ = ["KEYWORDS", "ModelDirs", "model_dirs"]
 
+OLLAMA_SERVICE_MODELS = Path("/usr/share/ollama/.ollama/models")
 KEYWORDS = ("ollama", "hf", "llama.cpp", "lmstudio")  # the SOURCE keywords of ``llmman import``
 
 
@@ -33,14 +36,14 @@ KEYWORDS = ("ollama", "hf", "llama.cpp", "lmstudio")  # the SOURCE keywords of `
 class ModelDirs:
     """The folders of each keyword (see the module docstring); a folder may not exist."""
 
-    ollama: Path
+    ollama: tuple[Path, ...]
     hf: Path
     llama_cpp: Path
     lmstudio: tuple[Path, ...]
 
     def of(self, keyword: str) -> tuple[Path, ...]:
         """The folders ``keyword`` (one of :data:`KEYWORDS`) names. KeyError for another word."""
-        table = {"ollama": (self.ollama,), "hf": (self.hf,), "llama.cpp": (self.llama_cpp,),
+        table = {"ollama": self.ollama, "hf": (self.hf,), "llama.cpp": (self.llama_cpp,),
                  "lmstudio": self.lmstudio}
         return table[keyword]
 
@@ -58,7 +61,8 @@ def model_dirs(env: Mapping[str, str] | None = None) -> ModelDirs:
     cache = _expand(env.get("XDG_CACHE_HOME") or "~/.cache", env)
     hf_home = _expand(env["HF_HOME"], env) if env.get("HF_HOME") else cache / "huggingface"
     hub = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
-    ollama = _expand(env["OLLAMA_MODELS"], env) if env.get("OLLAMA_MODELS") else user / ".ollama" / "models"
+    ollama = (_expand(env["OLLAMA_MODELS"], env),) if env.get("OLLAMA_MODELS") else (
+        user / ".ollama" / "models", OLLAMA_SERVICE_MODELS)
     return ModelDirs(
         ollama=ollama,
         hf=_expand(hub, env) if hub else hf_home / "hub",
