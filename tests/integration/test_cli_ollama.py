@@ -89,6 +89,8 @@ def test_create_from_a_local_gguf_uploads_it_once(tmp_path: Path, model_file: Pa
         assert first.returncode == 0, first.stderr
         assert "success" in first.stdout.splitlines()
         assert "Already have" not in first.stdout  # it was uploaded
+        [copied] = [line for line in first.stdout.splitlines() if line.startswith("copying file sha256:")]
+        assert copied.endswith(" 100%")  # Ollama's words, on a pipe
         assert list(local_tags(d)) == ["docker.io/ai/smol-local:v1"]
         again = llmman(d, "create", "smol-local:v2", "-f", str(folder / "Modelfile"))
         assert again.returncode == 0, again.stderr

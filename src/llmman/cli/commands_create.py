@@ -6,7 +6,8 @@ As Ollama's CLI does it (``cmd/cmd.go`` CreateHandler): the Modelfile is read he
 with ``POST /api/blobs/<digest>`` unless the daemon already has it (``HEAD``), and named in ``files``; then
 ``POST /api/create`` streams its progress. The lines are those of ``llmman pull``
 (:class:`llmman.cli.commands_pull.ProgressView`): ``gathering model components``, a bar per uploaded file
-(``copying file sha256:…``), then the daemon's statuses, ending with ``success``. A daemon is started when
+(``copying file sha256:…``; with stderr not a terminal, the line ``copying file sha256:… 100%`` once it is
+sent), then the daemon's statuses, ending with ``success``. A daemon is started when
 none answers, as for ``llmman run``.
 """
 
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from llmman.cli.autostart import ensure_server
 from llmman.cli.client import DaemonClient, Upload
@@ -65,7 +67,16 @@ def upload_files(client: DaemonClient, paths: list[Path], view: ProgressView) ->
             view({"status": status, "digest": digest, "total": size, "completed": sent})
 
         client.upload_blob(digest, Upload(path, progress))
+        if not _isatty(sys.stderr):  # no bar was drawn: Ollama's last words for the file, once
+            view({"status": f"{status} 100%"})
     return files
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def cmd_create(args: argparse.Namespace, settings: Settings) -> int:
