@@ -132,7 +132,7 @@ def test_a_changed_source_is_refused_in_every_dialect(tmp_path: Path, model_file
             assert r.status_code == 503, (route, r.text)
             assert "was imported from" in r.text and "llmman import" in r.text, (route, r.text)
             assert "Traceback" not in r.text, route
-        assert "has changed" in answers["/api/chat"].text
+        assert "has changed" in answers["/api/chat"].text and str(blob) in answers["/api/chat"].text
         assert isinstance(answers["/api/chat"].json()["error"], str)
         assert answers["/v1/chat/completions"].json()["error"]["message"]
         assert answers["/v1/messages"].json()["type"] == "error"

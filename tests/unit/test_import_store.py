@@ -153,4 +153,5 @@ def test_ollama_blob_with_wrong_bytes_fails_its_first_load(tmp_path: Path) -> No
     with pytest.raises(StoreError) as caught:
         store.files(model)
     assert caught.value.code == "import_changed"
+    assert str(models / "blobs" / f"sha256-{digest[7:]}") in caught.value.message  # the file, named
     assert (models / "blobs" / f"sha256-{digest[7:]}").is_file()

@@ -50,13 +50,16 @@ def gguf_blobs(layout: Layout, model: StoredModel) -> tuple[list[tuple[str, Path
 
 def imported_origin(layout: Layout, model: StoredModel, digest: str) -> str | None:
     """Where ``model``'s blob ``digest`` was imported from (``llmman import``), or None for a blob the
-    store owns: a reference (the blob is a symlink) names its target; a hard link, the file named in the
-    manifest's ``ai.llmman.imported-from`` annotation."""
+    store owns: a reference (the blob is a symlink) names its target; a hard link, the file its layer's
+    ``ai.llmman.imported-from`` annotation names, else the manifest's."""
     with contextlib.suppress(OSError, StoreError):
         return os.readlink(layout.blob_path(digest))
-    ann = model.manifest.get("annotations")
-    origin = ann.get(mt.IMPORTED_FROM) if isinstance(ann, dict) else None
-    return origin if isinstance(origin, str) and origin else None
+    layers = [d.get("annotations") for d in model.layers if d.get("digest") == digest]
+    for ann in [*layers, model.manifest.get("annotations")]:
+        origin = ann.get(mt.IMPORTED_FROM) if isinstance(ann, dict) else None
+        if isinstance(origin, str) and origin:
+            return origin
+    return None
 
 
 def import_error(model: StoredModel, digest: str, origin: str, *, changed: bool, linked: bool) -> StoreError:

@@ -8,7 +8,8 @@ written, the model named in the index like any other.
 * Any other GGUF becomes a CNCF ModelPack artifact, as ``llmman build`` writes one, minus the creation
   time (so a re-import writes the same bytes).
 
-Every imported manifest carries ``ai.llmman.imported-from`` (the source's path). Re-importing is
+Every imported manifest carries ``ai.llmman.imported-from`` (the source's path), and so does each linked
+layer (the file it holds). Re-importing is
 idempotent: the same manifest under the same name changes nothing. A name already used by a model that
 was not imported from the same source is left alone (skipped: import it under another ``--name``); one
 imported from the same source whose files changed (an Ollama tag pulled again) is updated.
@@ -92,10 +93,12 @@ def _manifest(store: Store, found: Found, name: str, written: list[str]) -> tupl
             digest = _copy(store, part)
         written.append(digest)
         desc: dict[str, Any] = {"mediaType": part.media_type, "digest": digest, "size": part.size}
-        if part.filename:
-            ann = {mt.FILEPATH: part.filename, mt.TITLE: part.filename}
-            if part.mmproj:
-                ann[mt.ROLE] = mt.ROLE_MMPROJ
+        ann = {mt.FILEPATH: part.filename, mt.TITLE: part.filename} if part.filename else {}
+        if part.mmproj and part.filename:
+            ann[mt.ROLE] = mt.ROLE_MMPROJ
+        if part.link:
+            ann[mt.IMPORTED_FROM] = str(part.path)  # the file an error names if it changes
+        if ann:
             desc["annotations"] = ann
         layers.append(desc)
     if found.config is not None:
