@@ -223,9 +223,10 @@ def test_repl_sends_the_session_and_saves_it(fake: FakeDaemon, capsys: pytest.Ca
         "messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "ok"}],
     }]
     out = capsys.readouterr().out
-    for said in ("Set parameter 'temperature' to '0.2'", "Set parameter 'stop' to '\"A\", \"B\"'",
+    for said in ("Set parameter 'temperature' to '0.2'", "Set parameter 'stop' to 'A, B'",
                  "Set system message.", "Set 'nothink' mode.", "Created new model 'mine'",
-                 "User defined parameters:", "temperature         0.2", "Model defined parameters:\ntop_k 40",
+                 "User defined parameters:", "temperature                    0.2",
+                 "Model defined parameters:\ntop_k 40",
                  "/show info         Show details for this model", "Available Parameters:"):
         assert said in out, said
     assert "Be brief.\n" in out  # /show system: the session's

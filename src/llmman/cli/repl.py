@@ -173,8 +173,7 @@ def _set(session: Session, words: list[str], text: str) -> None:
             print(f"Couldn't set parameter: {problem}")
             return
         session.options[name] = value
-        shown = ", ".join(f'"{v}"' for v in values) if name in LIST_PARAMETERS else values[0]
-        print(f"Set parameter '{name}' to '{shown}'")
+        print(f"Set parameter '{name}' to '{', '.join(values)}'")  # Ollama's words
     elif what == "system":
         session.system = text.split(None, 2)[2] if len(words) > 2 else ""
         print("Set system message.")
@@ -210,7 +209,7 @@ def _show(client: DaemonClient, session: Session, what: str) -> None:
     if what == "parameters" and session.options:
         print("User defined parameters:")
         for name, value in session.options.items():
-            print(f"{name:<20}{value}")
+            print(f"{name:<30} {value}")  # Ollama's layout
         print("\nModel defined parameters:")
     text = session.system if what == "system" and session.system else str(data.get(what) or "")
     print(text.rstrip("\n") if text else f"No {what} was specified for this model.")
