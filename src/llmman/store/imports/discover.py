@@ -58,7 +58,8 @@ def discover(path: Path, *, lmstudio: bool = False) -> list[Found]:
     if path.is_file():
         return _single(path)
     if not path.is_dir():
-        raise NotFound(f"{path}: no such file or directory")
+        raise NotFound(f"{path}: no such file or directory (a SOURCE is a folder, a GGUF file, or one of "
+                       f"{', '.join(KEYWORDS)})")
     if is_ollama_store(path):
         return scan_ollama(path)
     if is_hf_repo(path):
