@@ -78,6 +78,24 @@ of the base"""
     assert answer["eval_count"] <= 12  # the Modelfile's num_predict is applied
 
 
+def test_a_modelfile_from_show_creates_the_model_again(daemon: Daemon, tmp_path: Path) -> None:
+    r = httpx.post(daemon.url + "/api/create", timeout=120, json={
+        "model": "roundtrip-base", "from": MODEL_NAME, "system": SYSTEM, "parameters": {"temperature": 0.3},
+        "stream": False})
+    assert r.status_code == 200, r.text
+    generated = llmman(daemon, "show", "roundtrip-base", "--modelfile")
+    assert generated.returncode == 0 and 'TEMPLATE """' in generated.stdout  # the GGUF's own template
+    edited = generated.stdout.replace("\nSYSTEM ", "\nPARAMETER top_k 7\nSYSTEM ", 1)  # what a user does
+    (tmp_path / "Modelfile").write_text(edited)
+    done = llmman(daemon, "create", "roundtrip-copy", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    copy = show(daemon, "roundtrip-copy")
+    assert copy["system"] == SYSTEM
+    params = [tuple(p.split(None, 1)) for p in str(copy["parameters"]).splitlines()]
+    assert {("temperature", "0.3"), ("top_k", "7")} <= set(params), params
+    assert copy["template"] == show(daemon, MODEL_NAME)["template"]
+
+
 def test_create_from_a_local_gguf_uploads_it_once(tmp_path: Path, model_file: Path) -> None:
     d = start_daemon(tmp_path / "empty")  # an empty store: the GGUF must travel through /api/blobs
     try:

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from llmman.api.create_body import check_create_body
-from llmman.cli.modelfile import Instruction, ModelfileError, create_body, parameter_value, parse_modelfile
+from llmman.cli.modelfile import (
+    Instruction,
+    ModelfileError,
+    check_template,
+    create_body,
+    parameter_value,
+    parse_modelfile,
+)
 from llmman.errors import BadRequest
 
 FULL = '''# comments and blank lines are skipped
@@ -60,7 +67,6 @@ def test_a_byte_order_mark_and_tabs_are_fine() -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("FROM m\nTEMPLATE {{ .Prompt }}\n", "(line 2): TEMPLATE is not supported by llmman: llama-server uses"),
     ("FROM m\nADAPTER ./lora.gguf\n", "(line 2): ADAPTER is not supported by llmman: LoRA adapters"),
     ("FROM m\nDRAFT ./small.gguf\n", "(line 2): DRAFT is not supported by llmman"),
 ])
@@ -110,3 +116,21 @@ def test_from_a_local_file_or_folder_is_uploaded_a_name_is_not(tmp_path: Path) -
 def test_parameter_values(text: str, value: object) -> None:
     assert parameter_value(text) == value
     assert type(parameter_value(text)) is type(value)
+
+
+OWN = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+
+
+def test_a_template_is_taken_only_when_it_is_the_models_own(tmp_path: Path) -> None:
+    generated = f'FROM m\nTEMPLATE """{OWN}"""\nPARAMETER stop "<|im_end|>"\n'  # as show --modelfile writes
+    request = create_body(parse_modelfile(generated), tmp_path)
+    check_template(request, OWN + "\n")
+    assert request.template is None and "template" not in request.body
+    assert request.body["parameters"] == {"stop": ["<|im_end|>"]}
+    for own in ("{{ .Prompt }}", None):
+        other = create_body(parse_modelfile(generated), tmp_path)
+        with pytest.raises(ModelfileError) as info:
+            check_template(other, own)
+        assert info.value.message.startswith(
+            "(line 2): TEMPLATE is not supported by llmman: llama-server uses the chat template inside")
+        assert "equal to the model's own" in info.value.message

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from llmman.cli.autostart import ensure_server
 from llmman.cli.client import DaemonClient, Upload
-from llmman.cli.modelfile import create_body, parse_modelfile
+from llmman.cli.modelfile import CreateRequest, check_template, create_body, parse_modelfile
 from llmman.errors import BadRequest, LlmmanError
 from llmman.refs import parse_reference
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from llmman.cli.commands_pull import ProgressView
     from llmman.config.settings import Settings
 
-__all__ = ["cmd_create", "file_digest", "upload_files"]
+__all__ = ["cmd_create", "file_digest", "file_name", "upload_files"]
 
 _BLOCK = 1 << 20
 
@@ -43,6 +43,16 @@ def file_digest(path: Path) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
+def file_name(path: Path) -> str:
+    """The name a file gets in ``files``: its own, with ``.gguf`` added to a GGUF that lacks it (a store's
+    blob, as the ``FROM`` of ``llmman show --modelfile`` names it), since the daemon packages ``*.gguf``."""
+    if path.suffix.lower() == ".gguf":
+        return path.name
+    with path.open("rb") as f:
+        magic = f.read(4)
+    return f"{path.name}.gguf" if magic == b"GGUF" else path.name
+
+
 def upload_files(client: DaemonClient, paths: list[Path], view: ProgressView) -> dict[str, str]:
     """Upload each file the daemon does not have yet; returns ``files`` (name -> digest) for
     ``/api/create``.
@@ -52,10 +62,11 @@ def upload_files(client: DaemonClient, paths: list[Path], view: ProgressView) ->
     """
     files: dict[str, str] = {}
     for path in paths:
-        if path.name in files:
-            raise BadRequest(f"two files named {path.name!r}: {path} and another")
+        name = file_name(path)
+        if name in files:
+            raise BadRequest(f"two files named {name!r}: {path} and another")
         digest = file_digest(path)
-        files[path.name] = digest
+        files[name] = digest
         size = path.stat().st_size
         status = f"copying file {digest}"
         if client.blob_exists(digest):
@@ -79,6 +90,30 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
+def _own_template(client: DaemonClient, request: CreateRequest) -> str | None:
+    """The chat template of the model a Modelfile builds on: a local GGUF's own (the first that has one),
+    else the stored model's (``/api/show``); None when it has none or cannot be read."""
+    if request.paths:
+        from llmman.gguf import read_gguf
+
+        for path in request.paths:
+            try:
+                template = read_gguf(path).chat_template
+            except (LlmmanError, OSError, ValueError):
+                continue
+            if template:
+                return template
+        return None
+    source = request.body.get("from")
+    if not isinstance(source, str):
+        return None
+    try:
+        template = client.show(source).get("template")
+    except LlmmanError:
+        return None
+    return template if isinstance(template, str) else None
+
+
 def cmd_create(args: argparse.Namespace, settings: Settings) -> int:
     """``llmman create NAME [-f FILE] [-q QUANT]``: see the module docstring. The Modelfile is read and
     checked before a daemon is asked anything."""
@@ -97,6 +132,8 @@ def cmd_create(args: argparse.Namespace, settings: Settings) -> int:
     if args.quantize:
         body["quantize"] = args.quantize  # the daemon refuses it, with its reason
     client = ensure_server(settings, store=getattr(args, "store", None))
+    if request.template is not None:
+        check_template(request, _own_template(client, request))
     with client, ProgressView() as view:
         view({"status": "gathering model components"})
         if request.paths:

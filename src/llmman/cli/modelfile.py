@@ -12,7 +12,9 @@ value. What each instruction becomes in the body (:func:`create_body`):
   (each one a list entry).
 * ``TEMPLATE`` and ``ADAPTER`` are refused with the reason ``/api/create`` gives
   (:data:`llmman.api.create_body.UNSUPPORTED`); Ollama's newer ``DRAFT``, ``RENDERER``, ``PARSER`` and
-  ``REQUIRES`` are refused too, never silently dropped.
+  ``REQUIRES`` are refused too, never silently dropped. One ``TEMPLATE`` is taken: the base model's own
+  chat template, as ``llmman show --modelfile`` writes it (:func:`check_template`), so that a Modelfile
+  generated from a model can be edited and created again, as Ollama users do.
 
 Types of parameter values are left to the daemon, which checks them once for every client
 (:func:`llmman.api.create_body.check_create_body`): a value here is only read as a number or a boolean when
@@ -28,7 +30,8 @@ from typing import Any
 
 from llmman.errors import BadRequest
 
-__all__ = ["Instruction", "ModelfileError", "create_body", "parameter_value", "parse_modelfile"]
+__all__ = ["CreateRequest", "Instruction", "ModelfileError", "check_template", "create_body",
+           "parameter_value", "parse_modelfile"]
 
 #: Every instruction Ollama's parser knows (the ones llmman refuses included, so they get a reason).
 COMMANDS = ("from", "license", "template", "system", "adapter", "draft", "renderer", "parser", "parameter",
@@ -174,6 +177,7 @@ class CreateRequest:
 
     body: dict[str, Any] = field(default_factory=dict)
     paths: list[Path] = field(default_factory=list)
+    template: Instruction | None = None  # taken only when it is the base's own (check_template)
 
 
 def _refusal(instruction: Instruction) -> str | None:
@@ -181,6 +185,9 @@ def _refusal(instruction: Instruction) -> str | None:
     from llmman.api.create_body import UNSUPPORTED
 
     reasons = {"template": UNSUPPORTED["template"], "adapter": UNSUPPORTED["adapters"]}
+    if instruction.name == "template":
+        reasons["template"] += (" (a TEMPLATE equal to the model's own, as 'llmman show --modelfile' writes "
+                                "it, is accepted)")
     if instruction.name in reasons:
         return f"{instruction.name.upper()} is not supported by llmman: {reasons[instruction.name]}"
     if instruction.name in ("draft", "renderer", "parser", "requires"):
@@ -217,6 +224,9 @@ def create_body(instructions: list[Instruction], base: Path) -> CreateRequest:
     messages: list[dict[str, str]] = []
     licenses: list[str] = []
     for instruction in instructions:
+        if instruction.name == "template":
+            request.template = instruction  # judged against the base's own (check_template)
+            continue
         refusal = _refusal(instruction)
         if refusal:
             raise _error(instruction.line, refusal)
@@ -245,3 +255,21 @@ def create_body(instructions: list[Instruction], base: Path) -> CreateRequest:
     if licenses:
         body["license"] = licenses
     return request
+
+
+def check_template(request: CreateRequest, own: str | None) -> None:
+    """Drop ``request``'s ``TEMPLATE`` when it is ``own``, the base model's chat template (what
+    ``llmman show --modelfile`` writes); refuse any other.
+
+    Raises:
+        ModelfileError: a template llmman cannot apply (the reason of :data:`UNSUPPORTED`, with its line).
+    """
+    template = request.template
+    if template is None:
+        return
+    if own is not None and template.value.strip() == own.strip():
+        request.template = None
+        return
+    refusal = _refusal(template)
+    assert refusal is not None
+    raise _error(template.line, refusal)
