@@ -15,7 +15,7 @@ from tests.fakes.runner import StubRunner
 
 from llmman.errors import RunnerError
 from llmman.obs.children import Child, Children, observed, scrape
-from llmman.obs.metrics import Metrics
+from llmman.obs.metrics import OTHER, PEER_LABELS_MAX, UNKNOWN, Metrics
 from llmman.obs.requestlog import RequestLog, RequestRow
 from llmman.runner.crash import Cause
 from llmman.sched.scheduler import ModelPlan, Runner, Scheduler
@@ -59,7 +59,7 @@ def test_request_events_move_their_families_by_exactly_what_was_reported() -> No
     labels = dict(route="/api/chat", dialect="ollama", status="200", model=MODEL, node="spark", kind="local")
     assert value(got, "llmman_requests_total", **labels) == 2
     assert value(got, "llmman_requests_total", **{**labels, "node": "peer", "kind": "forwarded"}) == 1
-    missing = {**labels, "status": "404", "model": "docker.io/ai/none:1"}
+    missing = {**labels, "status": "404", "model": UNKNOWN}  # a model this node does not know
     assert value(got, "llmman_requests_total", **missing) == 1
     assert value(got, "llmman_tokens_total", direction="in", model=MODEL, node="spark", kind="local") == 14
     assert value(got, "llmman_tokens_total", direction="out", model=MODEL, node="spark", kind="local") == 60
@@ -90,6 +90,66 @@ def test_other_events() -> None:
     assert value(got, "llmman_pulls_total", source="registry", outcome="ok") == 1
     assert value(got, "llmman_pulls_total", source="peer", outcome="failed") == 1
     assert value(got, "llmman_pull_bytes_total", source="registry") == 1000
+
+
+def series(got: Samples, name: str) -> set[frozenset[tuple[str, str]]]:
+    return {labels for (n, labels) in got if n == name}
+
+
+def test_made_up_model_names_add_no_series() -> None:
+    metrics = Metrics(node="spark")
+    for i in range(50):
+        for route, dialect in (("/api/chat", "ollama"), ("/v1/chat/completions", "openai")):
+            metrics.request_done(row(route=route, dialect=dialect, status=404,
+                                     model=f"docker.io/x/made-up-{i}:1", prompt_tokens=None,
+                                     completion_tokens=None, ttft=None))
+    got = samples(metrics)
+    assert {dict(labels)["model"] for labels in series(got, "llmman_requests_total")} == {UNKNOWN}
+    assert len(series(got, "llmman_requests_total")) == 2  # one per route, whatever the names
+    assert value(got, "llmman_requests_total", route="/api/chat", dialect="ollama", status="404",
+                 model=UNKNOWN, node="spark", kind="local") == 50
+    assert len(metrics._by_request) == 2  # the cache of labelled children is bounded too
+
+
+def test_a_known_models_errors_keep_its_name() -> None:
+    metrics = Metrics(node="spark")
+    metrics.load_done("docker.io/ai/loaded:1", 1.0, ok=True)  # loaded here: known
+    metrics.request_done(row(model="docker.io/ai/loaded:1", status=503))
+    metrics.request_done(row(model=MODEL, status=200))  # answered once: known
+    metrics.request_done(row(model=MODEL, status=400))
+    metrics.request_done(row(model="docker.io/ai/failed-load:1", status=500))  # never loaded nor answered
+    got = samples(metrics)
+    models = {(dict(labels)["model"], dict(labels)["status"])
+              for labels in series(got, "llmman_requests_total")}
+    assert models == {("docker.io/ai/loaded:1", "503"), (MODEL, "200"), (MODEL, "400"), (UNKNOWN, "500")}
+
+
+def test_hop_peers_are_bounded() -> None:
+    metrics = Metrics(node="spark")
+    for i in range(PEER_LABELS_MAX + 30):
+        metrics.hop(f"10.0.{i // 256}.{i % 256}", "ok")
+    got = samples(metrics)
+    peers = {dict(labels)["peer"] for labels in series(got, "llmman_hops_total")}
+    assert len(peers) == PEER_LABELS_MAX + 1 and OTHER in peers
+    assert value(got, "llmman_hops_total", peer=OTHER, outcome="ok") == 30
+
+
+def test_off_counts_nothing_and_exports_nothing(tmp_path: Path) -> None:
+    requests = RequestLog(tmp_path / "r.db")
+    metrics = Metrics(node="spark", requests=requests, collect=False)
+    metrics.request_done(row())
+    metrics.waited(MODEL, 0.2)
+    metrics.load_done(MODEL, 1.0, ok=True)
+    metrics.load_done(MODEL, 1.0, ok=False)
+    metrics.evicted(MODEL)
+    metrics.crashed(MODEL, "oom")
+    metrics.restarted(MODEL)
+    metrics.forwarded("http://b:1", "ok")
+    metrics.hop("10.0.0.2", "ok")
+    metrics.pulled("registry", "ok", 1000)
+    metrics.watch(Scheduler(Launcher(), default_keep_alive=300))
+    assert samples(metrics) == {}  # no sample at all: not even the request log's or the scheduler's
+    assert metrics._by_request == {} and not metrics._known
 
 
 def test_each_daemon_has_its_own_registry() -> None:

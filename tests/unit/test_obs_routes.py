@@ -145,3 +145,69 @@ def test_the_scrape_key_opens_metrics_only(tmp_path: Path) -> None:
             assert app.request("GET", path, headers=scrape).status_code == 401, path
             assert app.request("GET", path).status_code == 401, path
         assert app.request("GET", "/health").status_code == 200  # open, like /api/version
+
+
+def test_metrics_off_is_a_404_in_ollamas_shape_and_counts_nothing(tmp_path: Path) -> None:
+    with ObservedApp(tmp_path, env={"LLMMAN_METRICS": "off"}) as app:
+        r = app.post("/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False})
+        assert r.status_code == 200, r.text
+        r = app.post("/v1/chat/completions", json={"model": "tiny", "stream": True,
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and "[DONE]" in r.text
+        r = app.request("GET", "/metrics")
+        assert r.status_code == 404
+        assert list(r.json()) == ["error"] and "metrics are off" in r.json()["error"]
+        metrics = app.services.obs.metrics
+        assert metrics._by_request == {} and not metrics._known  # nothing was touched per request
+        assert app.services.obs.requests.flush()  # the request log is its own switch: still on
+        rows = app.request("GET", "/llmman/requests").json()["requests"]
+        assert sorted(r["route"] for r in rows) == ["/api/generate", "/v1/chat/completions"]
+
+
+#: A streamed request on each dialect for the model ``tiny``.
+STREAMS = [("/api/chat", {"messages": [{"role": "user", "content": "hi"}], "stream": True}),
+           ("/api/generate", {"prompt": "hi", "stream": True}),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True}),
+           ("/v1/completions", {"prompt": "hi", "stream": True}),
+           ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                             "stream": True}),
+           ("/v1/responses", {"input": "hi", "stream": True})]
+
+
+def test_with_both_off_an_answer_goes_out_unwatched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import llmman.api.observed
+
+    def no_sample() -> None:
+        raise AssertionError("the answer was watched")
+
+    monkeypatch.setattr(llmman.api.observed, "AnswerSample", no_sample)
+    with ObservedApp(tmp_path, env={"LLMMAN_METRICS": "off", "LLMMAN_LOG_REQUESTS": "off"}) as app:
+        assert not app.services.obs.active
+        for path, body in STREAMS:
+            r = app.post(path, json={"model": "tiny", **body})
+            assert r.status_code == 200, (path, r.text)
+            assert "Hello" in r.text, path  # the fake's answer came through
+        assert app.request("GET", "/metrics").status_code == 404
+        assert app.request("GET", "/llmman/requests").json() == {"requests": []}
+    assert not (tmp_path / "requests.db").exists()
+
+
+def test_made_up_model_names_add_no_series_on_any_dialect(app: ObservedApp) -> None:
+    for i in range(50):
+        path, body = STREAMS[i % len(STREAMS)]
+        r = app.post(path, json={"model": f"made-up-{i}", **body})
+        assert r.status_code == 404, (path, r.text)
+    r = app.post("/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False})
+    assert r.status_code == 200
+    got = metric_samples(app.request("GET", "/metrics").text)
+    requests = [dict(labels) for (name, labels) in got if name == "llmman_requests_total"]
+    assert {(r["route"], r["model"]) for r in requests if r["status"] == "404"} == \
+        {(path, "(unknown)") for path, _ in STREAMS}
+    missing = [r for r in requests if r["status"] == "404"]
+    assert sum(got["llmman_requests_total", frozenset(r.items())] for r in missing) == 50
+    assert {r["model"] for r in requests if r["status"] == "200"} == {TINY}
+    models = {dict(labels).get("model") for (name, labels) in got if name.startswith("llmman_")}
+    assert not [m for m in models if m and "made-up" in m]  # in no family at all
+    assert app.services.obs.requests.flush()  # the request log keeps the names the clients sent
+    logged = {r["model"] for r in app.request("GET", "/llmman/requests?limit=100").json()["requests"]}
+    assert {f"docker.io/ai/made-up-{i}:latest" for i in range(50)} <= logged

@@ -6,11 +6,18 @@ client: the status, the time of the first body byte of a streamed answer (time t
 JSON answer has none) and a sample of the bytes, from which the token counts and the speed the answer
 reports are read in the client's dialect (:mod:`llmman.protocol.usage`). When the answer has ended,
 however it ended, one row goes to
-:meth:`Observer.request_done <llmman.obs.observer.Observer.request_done>`, which never blocks.
+:meth:`Observer.request_done <llmman.obs.observer.Observer.request_done>`, which never blocks. With nothing
+to report to (:attr:`Observer.active <llmman.obs.observer.Observer.active>` False: ``metrics.collect`` and
+``log.requests`` both off) the answer is sent as it is, unwatched.
+
+The per-chunk work is kept to a flag test and :meth:`AnswerSample.feed
+<llmman.protocol.usage.AnswerSample.feed>` (a bounded copy); the answer is read (tokens, speed, error) once,
+when it has ended.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -61,35 +68,41 @@ class Observed(Response):
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._obs.active:
+            await self._inner(scope, receive, send)
+            return
         sample = AnswerSample()
+        feed = sample.feed
         status = self._inner.status_code
+        timing = False  # a streamed answer whose first body byte has not gone out yet
 
-        streamed = False
-
-        async def spy(message: Message) -> None:
-            nonlocal status, streamed
-            if message["type"] == "http.response.start":
+        def spy(message: Message) -> Awaitable[None]:  # not a coroutine: no frame of its own per chunk
+            nonlocal status, timing
+            if message["type"] == "http.response.body":
+                body = message.get("body")
+                if body:
+                    if timing:
+                        self._watch.first_token()
+                        timing = False
+                    feed(body)
+            elif message["type"] == "http.response.start":
                 status = int(message["status"])
-                streamed = _streamed(message.get("headers", []))
-            elif message["type"] == "http.response.body" and message.get("body"):
-                if streamed:
-                    self._watch.first_token()
-                sample.feed(message["body"])
-            await send(message)
+                timing = _streamed(message.get("headers", []))
+            return send(message)
 
         try:
             await self._inner(scope, receive, spy)
         finally:
-            self._report(status, sample)
+            self._report(scope, status, sample)
 
-    def _report(self, status: int, sample: AnswerSample) -> None:
-        request, served = self._request, self._served
+    def _report(self, scope: Scope, status: int, sample: AnswerSample) -> None:
+        served = self._served
         prompt, completion = usage_of(sample)
-        path = request.url.path
+        path: str = scope["path"]
+        client = scope.get("client")
         row = self._watch.row(
             node=served.node, route=path, dialect=dialect_of(path).value, model=served.model, status=status,
-            prompt_tokens=prompt, completion_tokens=completion,
-            client=request.client.host if request.client else "",
+            prompt_tokens=prompt, completion_tokens=completion, client=client[0] if client else "",
             error=error_of(sample) if status >= 400 else "", kind=served.kind,
             conversation=served.conversation, speed=speed_of(sample))
         self._obs.request_done(row)

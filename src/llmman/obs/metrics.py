@@ -8,8 +8,15 @@ Two kinds of figures (names and labels in docs/observability.md):
   its failure records and the node's memory; :class:`RequestLogCollector`: the request log's writer), so
   a gauge can never drift from the scheduler's own view.
 
-Label values that come from clients (a model name) are cut to :data:`LABEL_MAX` characters; the data path
-passes the resolved reference where there is one.
+**Off** (``metrics.collect = false``, :attr:`Metrics.collect`): every event method returns at once, so the
+data path touches no metric object, and ``GET /metrics`` answers 404 (llmman.api.metrics_route).
+
+**Bounded series.** No label takes a new value per name a client makes up: the ``model`` of a request
+answered 4xx or 5xx is the model's own only when this node knows it (it loaded it, or answered a request
+for it with a success), else :data:`UNKNOWN`; the ``peer`` of a hop (a client address, since any client
+may send ``x-llmman-hop``) is one of the first :data:`PEER_LABELS_MAX` seen, else :data:`OTHER`. The
+routes and dialects are the route table's own (llmman.api.observed wraps the inference routes only, none
+with a path parameter); values are cut to :data:`LABEL_MAX` characters.
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ from llmman.sched.scheduler import Scheduler
 from llmman.sched.table import LoadedSnapshot
 
 LABEL_MAX = 200
+UNKNOWN = "(unknown)"  # the model label of an error answer for a model this node does not know
+OTHER = "(other)"  # the peer label of hops past PEER_LABELS_MAX distinct addresses
+PEER_LABELS_MAX = 64
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 SPEED_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 35.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0,
                  2000.0)
@@ -46,13 +56,15 @@ class Metrics:
     Args:
         node: this node's name (``node.name``), the ``node`` label of what this node serves.
         requests: the request log, whose writer's counters are exported; None = none.
+        collect: False (``metrics.collect = false``): nothing is counted and nothing is exported.
 
     The scheduler's gauges come once :meth:`watch` is called (the scheduler is built after its launcher,
     which reports to these metrics).
     """
 
-    def __init__(self, *, node: str, requests: RequestLog | None = None) -> None:
+    def __init__(self, *, node: str, requests: RequestLog | None = None, collect: bool = True) -> None:
         self.node = node
+        self.collect = collect
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("llmman_requests", "Requests answered, by the node that served them.",
@@ -86,21 +98,47 @@ class Metrics:
         self.pull_bytes = Counter("llmman_pull_bytes", "Bytes fetched by pulls and copies.", ["source"],
                                   registry=r)
         self._by_request: dict[tuple[str, str, int, str, str, str], _RequestChildren] = {}
-        if requests is not None:
+        self._known: set[str] = set()  # models loaded here or answered with a success (model labels)
+        self._peers: set[str] = set()  # hop peer labels given so far (at most PEER_LABELS_MAX)
+        if requests is not None and collect:
             r.register(RequestLogCollector(requests))
 
     def watch(self, scheduler: Scheduler) -> None:
-        """Export ``scheduler``'s state at each scrape (:class:`SchedulerCollector`). Call it once."""
-        self.registry.register(SchedulerCollector(scheduler, self.node))
+        """Export ``scheduler``'s state at each scrape (:class:`SchedulerCollector`). Call it once; a
+        no-op when not collecting."""
+        if self.collect:
+            self.registry.register(SchedulerCollector(scheduler, self.node))
+
+    def model_label(self, model: str, status: int) -> str:
+        """The ``model`` label of a request for ``model`` answered ``status``: the model itself once this
+        node knows it (loaded here, or answered below 400: a model that exists somewhere), else
+        :data:`UNKNOWN`, so made-up names add no series."""
+        if model in self._known:
+            return model
+        if status < 400:
+            self._known.add(model)
+            return model
+        return UNKNOWN
+
+    def _peer_label(self, peer: str) -> str:
+        if peer in self._peers:
+            return peer
+        if len(self._peers) < PEER_LABELS_MAX:
+            self._peers.add(peer)
+            return peer
+        return OTHER
 
     # -- events (the data path calls these) --------------------------------------------------------------
 
     def request_done(self, row: RequestRow) -> None:
         """One finished request (the row the request log gets, llmman.obs.requestlog.RequestRow)."""
-        key = (row.route, row.dialect, row.status, row.model, row.node, row.kind)
+        if not self.collect:
+            return
+        model = _label(self.model_label(row.model, row.status))
+        key = (row.route, row.dialect, row.status, model, row.node, row.kind)
         children = self._by_request.get(key)
         if children is None:  # labels() costs more than the update itself: look the children up once
-            model, node, kind = _label(row.model), row.node, row.kind
+            node, kind = row.node, row.kind
             children = self._by_request[key] = _RequestChildren(
                 self.requests.labels(row.route, row.dialect, str(row.status), model, node, kind),
                 self.tokens.labels("in", model, node, kind), self.tokens.labels("out", model, node, kind),
@@ -118,37 +156,54 @@ class Metrics:
 
     def waited(self, model: str, seconds: float) -> None:
         """A request got its model after ``seconds`` (llmman.sched.table.Lease.load_duration)."""
+        if not self.collect:
+            return
         self.queue_wait.labels(_label(model)).observe(seconds)
 
     def load_done(self, model: str, seconds: float, *, ok: bool) -> None:
         """A llama-server start ended after ``seconds``: ready (``ok``) or failed."""
+        if not self.collect:
+            return
         self.loads.labels(model, "ok" if ok else "failed").inc()
         if ok:
+            self._known.add(model)
             self.load_time.labels(model).observe(seconds)
 
     def evicted(self, model: str) -> None:
         """``model`` was unloaded (or marked to drain) to make room for another."""
+        if not self.collect:
+            return
         self.evictions.labels(model).inc()
 
     def crashed(self, model: str, cause: str) -> None:
         """``model``'s child died on its own (``cause``: llmman.runner.crash.Cause value)."""
+        if not self.collect:
+            return
         self.crashes.labels(model, cause).inc()
 
     def restarted(self, model: str) -> None:
         """``model`` is loaded again after a crash or a failed load."""
+        if not self.collect:
+            return
         self.restarts.labels(model).inc()
 
     def forwarded(self, peer: str, outcome: str) -> None:
         """A request was sent on to ``peer``: ``ok`` (it answered), ``failed`` (before its status line),
         ``refused`` (429/5xx/401 before its first byte: the next node was tried) or ``broken`` (after it)."""
+        if not self.collect:
+            return
         self.forwards.labels(peer, outcome).inc()
 
     def hop(self, peer: str, outcome: str) -> None:
         """A request forwarded here by ``peer`` (its address) was served: ``ok`` or ``error``."""
-        self.hops.labels(peer, outcome).inc()
+        if not self.collect:
+            return
+        self.hops.labels(self._peer_label(peer), outcome).inc()
 
     def pulled(self, source: str, outcome: str, nbytes: int = 0) -> None:
         """A pull (``source`` = ``registry``) or copy from a peer (``peer``) ended; ``nbytes`` fetched."""
+        if not self.collect:
+            return
         self.pulls.labels(source, outcome).inc()
         if nbytes:
             self.pull_bytes.labels(source).inc(nbytes)

@@ -3,7 +3,9 @@
 :class:`Observer` is built once per daemon (:meth:`Observer.of`, in llmman.daemon) and reached through
 ``Services.obs``. The data path calls :meth:`Observer.request_done` once per finished request with the
 row a :class:`~llmman.obs.stopwatch.Stopwatch` built; it never blocks and never raises. Bodies are handed in
-only when :attr:`RequestLog.wants_bodies <llmman.obs.requestlog.RequestLog.wants_bodies>` says so.
+only when :attr:`RequestLog.wants_bodies <llmman.obs.requestlog.RequestLog.wants_bodies>` says so. With
+``metrics.collect`` and ``log.requests`` both off, :attr:`Observer.active` is False and the data path
+watches nothing at all (llmman.api.observed: the answer goes out as it would without observation).
 """
 
 from __future__ import annotations
@@ -38,7 +40,14 @@ class Observer:
         requests = RequestLog(settings.data_dir / FILE_NAME, bodies=Bodies(settings.bodies),
                               retention=Retention(age=settings.retention, max_size=settings.max_size),
                               enabled=settings.requests)
-        return cls(metrics=Metrics(node=settings.node_name, requests=requests), requests=requests)
+        metrics = Metrics(node=settings.node_name, requests=requests, collect=settings.collect)
+        return cls(metrics=metrics, requests=requests)
+
+    @property
+    def active(self) -> bool:
+        """True when a finished request is recorded anywhere (``metrics.collect`` or ``log.requests``
+        on); False = the data path has nothing to report and need not watch the answer."""
+        return self.metrics.collect or self.requests.enabled
 
     def launcher(self, launcher: Launcher) -> Launcher:
         """``launcher`` counting loads, crashes and restarts, and keeping the children for their metrics

@@ -1,10 +1,11 @@
 """The request log: one row per request in SQLite (``<data_dir>/requests.db``, WAL), written off the data
 path.
 
-:meth:`RequestLog.record` is a non-blocking enqueue on a bounded queue; one writer thread takes what is
-queued, inserts it in batches (one transaction each) and runs the retention (:func:`prune`) every
-:data:`PRUNE_EVERY_S` seconds. Nothing the database does reaches a request: a full queue drops the row
-(counted in :attr:`RequestLog.dropped`, one log line per overflow), and a database that cannot be opened or
+:meth:`RequestLog.record` is a non-blocking enqueue on a bounded queue (one C call); one writer thread takes
+what is queued, inserts it in batches (one transaction each, gathered over :data:`BATCH_WINDOW_S`) and
+runs the retention (:func:`prune`) every :data:`PRUNE_EVERY_S` seconds. Nothing the database does reaches
+a request: a full queue drops the row (counted in :attr:`RequestLog.dropped`, one log line per overflow),
+and a database that cannot be opened or
 written (a read-only file or folder, a full disk, a file that is not a database) drops the batch (counted
 in :attr:`RequestLog.failed`) with one log line per distinct error; the writer tries again with the next
 batch, and logs once when writing works again.
@@ -40,6 +41,7 @@ log = logging.getLogger("llmman.obs.requestlog")
 FILE_NAME = "requests.db"
 QUEUE_SIZE = 10_000  # rows waiting for the writer; past it record() drops
 BATCH = 500  # most rows in one transaction
+BATCH_WINDOW_S = 0.05  # once a row arrives, the writer waits this long for more before writing them
 PRUNE_EVERY_S = 60.0  # how often the writer runs the retention
 RETRY_OPEN_S = 30.0  # how often a database that could not be opened is tried again
 KINDS = ("local", "forwarded", "hop")  # served here for a client, sent on to a peer, served here for a peer
@@ -186,7 +188,10 @@ class RequestLog:
         self.retention = retention or Retention()
         self.enabled = enabled
         self._clock = clock
-        self._queue: queue.Queue[RequestRow | _Control] = queue.Queue(maxsize=queue_size)
+        # SimpleQueue: a put is one C call with no lock held in Python (record() is on the data path);
+        # the bound is checked by record() against qsize().
+        self._queue: queue.SimpleQueue[RequestRow | _Control] = queue.SimpleQueue()
+        self._queue_size = queue_size
         self._thread: threading.Thread | None = None
         self._closed = False
         self._overflowing = False
@@ -216,14 +221,14 @@ class RequestLog:
         """Queue ``row`` for the writer; never blocks, never raises (a full queue drops it)."""
         if not self.enabled or self._closed:
             return
-        try:
-            self._queue.put_nowait(row)
-        except queue.Full:
-            self.dropped += 1
-            if not self._overflowing:
-                self._overflowing = True
-                log.warning("request log: the writer is behind (%d rows queued); dropping rows until it "
-                            "catches up", self._queue.maxsize)
+        if self._queue.qsize() < self._queue_size:
+            self._queue.put(row)
+            return
+        self.dropped += 1
+        if not self._overflowing:
+            self._overflowing = True
+            log.warning("request log: the writer is behind (%d rows queued); dropping rows until it "
+                        "catches up", self._queue_size)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Block until every row queued before the call is written (or dropped); False on timeout."""
@@ -239,18 +244,14 @@ class RequestLog:
             return
         self._closed = True
         if self._thread is not None:
-            with contextlib.suppress(queue.Full):
-                self._queue.put(_Control("stop"), timeout=timeout)
+            self._queue.put(_Control("stop"))
             self._thread.join(timeout)
 
     def _command(self, action: str, timeout: float) -> bool:
         if self._thread is None or not self._thread.is_alive():
             return False
         control = _Control(action)
-        try:
-            self._queue.put(control, timeout=timeout)
-        except queue.Full:
-            return False
+        self._queue.put(control)
         return control.done.wait(timeout)
 
     # -- the writer thread ---------------------------------------------------------------------------
@@ -264,6 +265,8 @@ class RequestLog:
                 item = self._queue.get(timeout=max(0.01, next_prune - time.monotonic()))
             except queue.Empty:
                 item = None
+            if isinstance(item, RequestRow):
+                time.sleep(BATCH_WINDOW_S)  # let the rows of a burst of requests share one transaction
             batch = [] if item is None else [item]
             while len(batch) < BATCH:
                 try:
