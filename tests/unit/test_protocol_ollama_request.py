@@ -310,7 +310,6 @@ def test_generate_load_detection(body: dict[str, object], is_load: bool) -> None
         ({"raw": True, "template": "t"}, "raw mode does not support template, system, or context"),
         ({"raw": True, "context": [1]}, "raw mode does not support template, system, or context"),
         ({"raw": True, "prompt": "p", "images": [PNG]}, "raw mode does not support images"),
-        ({"prompt": "p", "suffix": "end"}, '"m" does not support insert'),
         ({"prompt": 3}, "prompt must be a string"),
         ({"system": ["s"]}, "system must be a string"),
         ({"raw": "yes"}, "raw must be a boolean"),

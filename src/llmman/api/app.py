@@ -12,6 +12,7 @@ from llmman.api import (
     drain,
     embeddings,
     health,
+    llama_routes,
     logs_route,
     metrics_route,
     node,
@@ -30,7 +31,11 @@ from llmman.api.limits import BodyLimits
 from llmman.api.pool import pooled
 from llmman.api.services import Services
 from llmman.api.transfer_routes import transfer_routes
+from llmman.api.version_header import VersionHeader
 from llmman.errors import LlmmanError
+from llmman.protocol.llama_routes import CHAT_CHILD_PATHS, RERANK_PATHS
+
+LLAMA_ROUTES = (*CHAT_CHILD_PATHS, *RERANK_PATHS)  # llama-server's own, per model (api/llama_routes.py)
 
 
 def build_app(services: Services) -> Starlette:
@@ -71,10 +76,12 @@ def build_app(services: Services) -> Starlette:
         Route("/api/embed", embeddings.embed, methods=["POST"]),
         Route("/api/embeddings", embeddings.embeddings_legacy, methods=["POST"]),
         Route("/v1/embeddings", embeddings.v1_embeddings, methods=["POST"]),
+        *(Route(path, llama_routes.llama_route, methods=["POST"]) for path in LLAMA_ROUTES),
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(CORSAndHostGuard, settings=services.settings), Middleware(CatchAll),
+        middleware=[Middleware(VersionHeader),
+                    Middleware(CORSAndHostGuard, settings=services.settings), Middleware(CatchAll),
                     Middleware(ApiKeys, keys=services.settings.api_key_list,
                                scrape_keys=[services.settings.scrape_key]),
                     Middleware(BodyLimits, max_size=services.settings.max_body_size,

@@ -6,8 +6,11 @@ Ollama's thinking default apply (no ``think`` to a thinking model means ``think:
 capabilities are checked, and the child's SSE answer becomes NDJSON lines
 (:class:`~llmman.protocol.ollama.ndjson.OllamaNdjson`; ``stream`` true, the default) or one aggregated
 object (``stream: false``). An empty prompt or ``messages`` loads the model, or unloads it with a zero
-``keep_alive``. Errors before the first byte get their real status; after it, one ``{"error": ...}``
-line ends the stream.
+``keep_alive``. A prompt the child refuses as longer than its context is cut to fit and sent again
+(api/ollama_fit.py, Ollama's rules in protocol/ollama/truncate.py), or refused with Ollama's 400 when the
+request says ``truncate: false``. ``/api/generate`` with a ``suffix`` runs on the child's ``/infill``
+(protocol/ollama/infill.py) for a model with the ``insert`` capability. Errors before the first byte get
+their real status; after it, one ``{"error": ...}`` line ends the stream.
 """
 
 from __future__ import annotations
@@ -23,18 +26,27 @@ from starlette.responses import Response
 from llmman.api.cancel import unless_disconnected
 from llmman.api.derived import ollama_with_defaults
 from llmman.api.inference import Call, run
+from llmman.api.ollama_fit import fitted
 from llmman.api.relay import stream_answer
 from llmman.api.services import Services
 from llmman.cluster.router import Intent
-from llmman.errors import UpstreamError
+from llmman.errors import BadRequest, UpstreamError
 from llmman.gateway import ResolvedModel, UpstreamExchange
-from llmman.protocol.capabilities import check_capabilities
+from llmman.protocol.capabilities import capability_error, check_capabilities
 from llmman.protocol.conversation import conversation_key
 from llmman.protocol.errors import upstream_text
 from llmman.protocol.ollama.fields import parse_json_body
+from llmman.protocol.ollama.infill import InfillStream
 from llmman.protocol.ollama.ndjson import OllamaNdjson
-from llmman.protocol.ollama.request import UpstreamRequest, chat_request, generate_request, with_default_think
+from llmman.protocol.ollama.request import (
+    INFILL_PATH,
+    UpstreamRequest,
+    chat_request,
+    generate_request,
+    with_default_think,
+)
 from llmman.protocol.ollama.stream import OllamaStream, load_response
+from llmman.protocol.ollama.truncate import REFUSAL, overflow
 from llmman.protocol.openai.shapes import client_fault
 
 NDJSON = "application/x-ndjson"
@@ -83,6 +95,9 @@ async def _serve(request: Request, body: dict[str, object], upstream: UpstreamRe
     have = services.store.info(model.stored).capabilities
     upstream = with_default_think(upstream, have)
     check_capabilities(upstream.model, upstream.kind, upstream.body, upstream.think, have)
+    if upstream.path == INFILL_PATH and (missing := capability_error(upstream.model, "generate", ("insert",),
+                                                                     have)):
+        raise BadRequest(missing)  # before loading, as Ollama checks the capabilities
     keep_alive = upstream.keep_alive_s
     num_ctx = upstream.runner.num_ctx
 
@@ -96,15 +111,25 @@ async def _serve(request: Request, body: dict[str, object], upstream: UpstreamRe
 
     # A client that goes away stops the wait and the generation (a streamed answer is cancelled by
     # Starlette itself once it has started).
-    payload = orjson.dumps(upstream.body)
-    exchange = await unless_disconnected(
-        request, gateway.open(model, upstream.path, payload, keep_alive=keep_alive, num_ctx=num_ctx)
-    )
-    if exchange.status != 200:
-        text = upstream_text(await exchange.read())
-        raise UpstreamError(text, 400 if client_fault(exchange.status, text) else exchange.status)
-    load_ns = int(exchange.lease.load_duration * 1e9)
-    transducer = OllamaNdjson(OllamaStream(upstream.kind, upstream.model, created_at),
+    body, load_ns = upstream.body, None
+    while True:
+        payload = orjson.dumps(body)
+        opening = gateway.open(model, upstream.path, payload, keep_alive=keep_alive, num_ctx=num_ctx)
+        exchange = await unless_disconnected(request, opening)
+        if load_ns is None:  # the first try's: it waited for the load
+            load_ns = int(exchange.lease.load_duration * 1e9)
+        if exchange.status == 200:
+            break
+        data = await exchange.read()
+        over = overflow(exchange.status, data)
+        if over is not None and (not upstream.truncate or body is not upstream.body):
+            raise BadRequest(REFUSAL)  # truncate: false, or still too long once cut
+        if over is None:
+            text = upstream_text(data)
+            raise UpstreamError(text, 400 if client_fault(exchange.status, text) else exchange.status)
+        body = await fitted(request, model, upstream, over)
+    stream = InfillStream if upstream.path == INFILL_PATH else OllamaStream
+    transducer = OllamaNdjson(stream(upstream.kind, upstream.model, created_at),
                               lambda: time.monotonic_ns() - started_ns, load_ns)
     if upstream.stream:
         return stream_answer(exchange, transducer, media_type=NDJSON)

@@ -14,7 +14,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from llmman import __version__
 from llmman.api.inference import Call, run
 from llmman.api.ollama_infer import json_response
 from llmman.api.services import Services
@@ -24,6 +23,7 @@ from llmman.gateway import ResolvedModel
 from llmman.gguf import GGUFInfo, model_info
 from llmman.protocol.ollama.fields import parse_json_body
 from llmman.protocol.ollama.show import modelfile_extras, parameters_text, stop_tokens
+from llmman.protocol.ollama.version import OLLAMA_API_VERSION
 from llmman.refs import parse_reference
 from llmman.sched.scheduler import LoadedSnapshot
 from llmman.store import StoredModel, read_extras
@@ -71,8 +71,9 @@ async def root(request: Request) -> Response:
 
 
 async def version(request: Request) -> Response:
-    """``GET|HEAD /api/version``: a purely numeric version, as Open WebUI parses it."""
-    return json_response({"version": __version__})
+    """``GET|HEAD /api/version``: the Ollama API level llmman implements, purely numeric as Open WebUI parses
+    it (protocol/ollama/version.py); llmman's own version is in the ``x-llmman-version`` header."""
+    return json_response({"version": OLLAMA_API_VERSION})
 
 
 async def tags(request: Request) -> Response:

@@ -32,6 +32,7 @@ from llmman.protocol.openai.validate import validate_tools
 __all__ = [
     "CHAT_PATH",
     "COMPLETIONS_PATH",
+    "INFILL_PATH",
     "UpstreamRequest",
     "chat_request",
     "generate_request",
@@ -41,6 +42,7 @@ __all__ = [
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+INFILL_PATH = "/infill"  # llama-server's fill-in-the-middle (native chunks: protocol/ollama/infill.py)
 _STREAM_OPTIONS = {"stream": True, "stream_options": {"include_usage": True}}
 
 #: base64 prefixes of the image formats llama-server's decoder reads (magic bytes, base64-encoded).
@@ -58,7 +60,9 @@ class UpstreamRequest:
 
     ``stream`` is what the CLIENT asked (default True); ``body`` always streams. ``is_load`` marks an empty
     prompt / empty ``messages``: a load-or-unload request, no upstream call. ``keep_alive`` is the raw JSON
-    value (None when absent). ``ignored_options`` are unknown ``options`` keys, for a warning.
+    value (None when absent). ``ignored_options`` are unknown ``options`` keys, for a warning. ``truncate``
+    is Ollama's ``truncate`` (default True): a prompt longer than the context is cut to fit
+    (protocol/ollama/truncate.py) instead of refused. ``path`` is :data:`INFILL_PATH` for a ``suffix``.
     """
 
     path: str
@@ -71,6 +75,7 @@ class UpstreamRequest:
     is_load: bool
     think: bool | str | None
     ignored_options: tuple[str, ...] = field(default=())
+    truncate: bool = True
 
     @property
     def keep_alive_s(self) -> float | None:
@@ -223,6 +228,7 @@ def _finish(
 ) -> UpstreamRequest:
     upstream.update(_STREAM_OPTIONS)
     options = body.get("options")
+    truncate = _opt(body, "truncate", bool, "a boolean")
     return UpstreamRequest(
         path=path,
         body=upstream,
@@ -234,6 +240,7 @@ def _finish(
         is_load=is_load,
         think=think,
         ignored_options=unknown_options(options),
+        truncate=truncate is not False,
     )
 
 
@@ -242,7 +249,7 @@ def chat_request(body: dict[str, object]) -> UpstreamRequest:
 
     Fields: model, messages, stream, options (sampling merged in), format (-> response_format), tools
     (passed through, already OpenAI shape), think (:func:`~llmman.protocol.ollama.think_fields`),
-    logprobs/top_logprobs, keep_alive (returned raw). Empty/absent ``messages`` -> ``is_load``.
+    logprobs/top_logprobs, keep_alive (returned raw), truncate. Empty/absent ``messages`` -> ``is_load``.
 
     Raises:
         BadRequest: missing model, wrong field types, bad think/format/options values.
@@ -279,11 +286,14 @@ def generate_request(body: dict[str, object]) -> UpstreamRequest:
     Not raw: ``system`` + ``prompt`` (+ ``images``) become chat messages on ``/v1/chat/completions`` so the
     model's template applies; ``template`` and ``context`` are ignored (llama-server cannot override the
     template per request; ``context`` is deprecated). Raw: ``prompt`` verbatim on ``/v1/completions``;
-    ``think`` is not sent. Empty ``prompt`` (and no images) -> ``is_load``.
+    ``think`` is not sent. Empty ``prompt`` (and no images) -> ``is_load``. A ``suffix`` (not raw; raw
+    sends the prompt verbatim and ignores it, as Ollama does) is fill-in-the-middle on llama-server's
+    ``/infill`` (:data:`INFILL_PATH`): ``input_prefix`` the prompt, ``input_suffix`` the suffix; whether the
+    model can (the ``insert`` capability) is the serving step's check.
 
     Raises:
         BadRequest: as :func:`chat_request`; ``raw mode does not support template, system, or context``;
-            ``raw mode does not support images``; ``"<model>" does not support insert`` for a ``suffix``.
+            ``raw mode does not support images``.
     """
     model, stream, think, upstream = _common(body)
     prompt = _str(body, "prompt")
@@ -296,8 +306,7 @@ def generate_request(body: dict[str, object]) -> UpstreamRequest:
     images = _images(body.get("images"), "images")
     if raw and (template or system or context):
         raise BadRequest("raw mode does not support template, system, or context")
-    if _str(body, "suffix"):
-        raise BadRequest(f'"{model}" does not support insert')
+    suffix = _str(body, "suffix")
     is_load = not prompt and not images
     if raw:
         if images:
@@ -307,6 +316,11 @@ def generate_request(body: dict[str, object]) -> UpstreamRequest:
             upstream["logprobs"] = upstream.pop("top_logprobs", None) or 1
         upstream.update(_raw_format(body.get("format")))
         return _finish("generate", COMPLETIONS_PATH, body, upstream, model, stream, think, is_load)
+    if suffix:
+        upstream.pop("logprobs", None)  # the native endpoint's are n_probs, not asked for here
+        upstream.pop("top_logprobs", None)
+        upstream.update(input_prefix=prompt, input_suffix=suffix, **_raw_format(body.get("format")))
+        return _finish("generate", INFILL_PATH, body, upstream, model, stream, think, is_load)
     messages: list[dict[str, object]] = [{"role": "system", "content": system}] if system else []
     if not is_load:
         messages.append({"role": "user", "content": _content(prompt, images)})
