@@ -13,7 +13,8 @@ alpha" (the fake llama-server stays loading until a gate file exists), then leav
 shows its login form, refuses a wrong key and shows the pool with the right one, which stays in
 ``sessionStorage`` and out of the URL.
 
-With ``LLMMAN_DASHBOARD_SHOT=PATH`` set, the page is saved there as a PNG (docs/dashboard.png is made so).
+With ``LLMMAN_DASHBOARD_SHOT=PATH`` set, the page is saved there as a PNG during the cold start, after more
+requests for the charts (docs/dashboard.png is made so).
 Skipped when ``chromium``/``chromedriver`` or ``selenium`` are missing, except under CI (``CI`` set),
 where that fails: ``scripts/setup.sh --test`` installs them.
 """
@@ -316,16 +317,14 @@ def test_the_request_log_shows_a_request_sent_by_the_test(pool: Pool, browser: A
     until(browser, shown, "bravo's /v1/chat/completions row in alpha's page")
     until(browser, lambda: any(row[1] == "bravo" for row in rows(browser, "stats")), "bravo's stats shown")
     assert browser.find_elements("css selector", "#chart-tps polyline, #chart-tps circle")
-    shot = os.environ.get("LLMMAN_DASHBOARD_SHOT")
-    if shot:  # a few more answers on both nodes, so that the charts have a line
+    if os.environ.get("LLMMAN_DASHBOARD_SHOT"):  # more answers on both nodes, so that the charts have a line
         for i in range(6):
             d = (alpha, bravo)[i % 2]
             httpx.post(d.url + "/api/chat", headers=HOP, timeout=60, json={
-                "model": "tiny", "messages": [{"role": "user", "content": f"hi {i}"}], "stream": False,
-            }).raise_for_status()
+                "model": "tiny", "messages": [{"role": "user", "content": f"hi {i}"}], "stream": True,
+            }).raise_for_status()  # streamed: each has a time to first token for its chart
         until(browser, lambda: len(rows(browser, "requests")) >= 12 and len(rows(browser, "loaded")) == 2,
               "the log and both loads shown")
-        browser.save_screenshot(shot)
     browser.find_element("id", "f-node").send_keys("alpha")
     browser.execute_script("document.getElementById('filters').dispatchEvent(new Event('change'))")
     until(browser, lambda: not any(row[1] == "bravo" for row in rows(browser, "requests")),
@@ -385,6 +384,10 @@ def test_a_cold_start_shows_its_pull_then_its_load(pool: Pool, browser: Any) -> 
         assert not browser.find_element("id", "progress-none").is_displayed()
         pool.proxy.release()
         until(browser, lambda: shown() == ("load", "loading on alpha", ""), "the load shown on alpha")
+        shot = os.environ.get("LLMMAN_DASHBOARD_SHOT")
+        if shot:  # the whole page, a cold start in progress and the log of the tests before
+            until(browser, lambda: len(rows(browser, "requests")) >= 12, "the log shown")
+            browser.save_screenshot(shot)
         pool.gate.touch()
         worker.join(timeout=120)
     finally:
