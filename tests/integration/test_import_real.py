@@ -24,7 +24,7 @@ from llmman.store.imports import discover, import_all
 from tests.integration.daemons import start_daemon, wait_until
 from tests.user_stores import hf_cache, ollama_store, sha256_file
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.model]
 
 OLLAMA_NAME = "ollama.com/library/smollm2:135m"
 HF_NAME = "hf.co/HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1"

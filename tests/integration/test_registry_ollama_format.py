@@ -22,7 +22,8 @@ from tests.integration.daemons import start_daemon
 from tests.integration.ollama_push import push_ollama_model
 from tests.integration.registry import Registry, available, start_registry
 
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(not available(), reason="docker-registry missing")]
+pytestmark = [pytest.mark.integration, pytest.mark.model,
+              pytest.mark.skipif(not available(), reason="docker-registry missing")]
 
 ASK = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 
