@@ -96,6 +96,8 @@ def test_ollama_store(tmp_path: Path) -> None:
     assert [p.mmproj for p in found["ollama.com/library/vision:latest"].parts][-1] is True
     assert "LoRA adapter" in found["ollama.com/library/tuned:latest"].problem
     assert "is missing" in found["ollama.com/library/broken:latest"].problem
+    (one,) = discover(models / "manifests/registry.ollama.ai/library/smollm2/135m")  # one manifest alone
+    assert one.name == "ollama.com/library/smollm2:135m" and one.parts == smol.parts
 
 
 def test_hf_cache(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """From a path or a keyword to the models under it: which recogniser reads which folder.
 
-A path is one GGUF file (with the other shards of its split set and a projector beside it), an Ollama
-store (a folder with ``manifests/`` and ``blobs/``), one Hugging Face cache repository
-(``models--ORG--NAME``), or any folder, walked to any depth: inside it, an Ollama store or a hub-cache
+A path is one GGUF file (with the other shards of its split set and a projector beside it), one manifest
+file of an Ollama store (that model alone), an Ollama store (a folder with ``manifests/`` and ``blobs/``),
+one Hugging Face cache repository (``models--ORG--NAME``), or any folder, walked to any depth: inside it,
+an Ollama store or a hub-cache
 repository is read by its recogniser (and not walked further), every other folder's GGUF files by
 :func:`llmman.store.imports.ggufdir.scan_folder` (llama.cpp's cache manifests first). Hidden folders
 (``.name``) are not walked. Keywords (``ollama``, ``hf``, ``llama.cpp``, ``lmstudio``) name the folders of
@@ -20,7 +21,7 @@ from llmman.errors import NotFound
 from llmman.store.imports.found import SPLIT, Found
 from llmman.store.imports.ggufdir import llama_cpp_manifests, scan_folder
 from llmman.store.imports.hfcache import is_hf_repo, scan_hf_repo
-from llmman.store.imports.ollama import is_ollama_store, scan_ollama
+from llmman.store.imports.ollama import is_ollama_store, ollama_manifest, scan_ollama
 
 __all__ = ["discover", "discover_sources", "sources_of"]
 
@@ -56,7 +57,8 @@ def discover(path: Path, *, lmstudio: bool = False) -> list[Found]:
     """Every model under ``path`` (rules in the module docstring); ``lmstudio``: ``path`` is LM Studio's
     models folder. Raises NotFound when ``path`` does not exist."""
     if path.is_file():
-        return _single(path)
+        manifest = ollama_manifest(path)
+        return [manifest] if manifest is not None else _single(path)
     if not path.is_dir():
         raise NotFound(f"{path}: no such file or directory (a SOURCE is a folder, a GGUF file, or one of "
                        f"{', '.join(KEYWORDS)})")

@@ -25,7 +25,7 @@ from typing import Any
 from llmman.store import mediatypes as mt
 from llmman.store.imports.found import Found, Part, is_gguf, valid_name
 
-__all__ = ["OLLAMA_HOST", "is_ollama_store", "scan_ollama"]
+__all__ = ["OLLAMA_HOST", "is_ollama_store", "ollama_manifest", "scan_ollama"]
 
 OLLAMA_HOST = "registry.ollama.ai"
 SHOWN_HOST = "ollama.com"
@@ -77,6 +77,19 @@ def scan_ollama(root: Path) -> list[Found]:
                 continue
             found.append(_one(root, path, name))
     return found
+
+
+def ollama_manifest(path: Path) -> Found | None:
+    """The model of one manifest file inside an Ollama store (``llmman import
+    ~/.ollama/models/manifests/registry.ollama.ai/library/llama3.2/3b --name llama3.2:3b``), or None when
+    ``path`` is not under an Ollama store's ``manifests/``."""
+    for parent in path.parents:
+        if parent.name == "manifests" and is_ollama_store(parent.parent):
+            name = model_name(path.relative_to(parent).parts)
+            if name is None:
+                return Found(str(path), path, problem="not a model name Ollama would write")
+            return _one(parent.parent, path, name)
+    return None
 
 
 def _one(root: Path, path: Path, name: str) -> Found:
