@@ -28,7 +28,7 @@ from llmman.cli.coldstart import Waiting
 from llmman.refs import parse_reference
 from llmman.registry.push import push
 from llmman.store import Store
-from tests.integration.daemons import HOP, Daemon, start_daemon, wait_until
+from tests.integration.daemons import HOP, Daemon, free_port, start_daemon, wait_until
 from tests.integration.holding_proxy import HoldingProxy
 from tests.integration.registry import Registry, available, start_registry
 
@@ -128,13 +128,16 @@ def test_a_failed_pull_stays_listed_with_its_error(registry: Registry, node: Dae
 
 
 def test_a_copy_from_a_peer_is_listed_while_it_runs(tmp_path: Path, model_file: Path) -> None:
-    """``x-llmman-source`` makes the node copy from its peer (through the proxy, its configured peer)."""
+    """``x-llmman-source`` makes ``b`` copy from its peer ``a`` (through the proxy, ``b``'s configured
+    peer); ``a``, whose peer is ``b``, shows ``b``'s copy in its pool-wide list (what its dashboard
+    reads)."""
     Store(tmp_path / "a" / "store").build(parse_reference(COPIED), model_file)
-    a = start_daemon(tmp_path / "a", extra_env=BASE)
+    b_port = free_port()
+    a = start_daemon(tmp_path / "a", extra_env=BASE | {"LLMMAN_PEERS": f"127.0.0.1:{b_port}"})
     proxy = HoldingProxy(_target(a.url.removeprefix("http://")), hold_after=HOLD_AFTER)
     b = None
     try:
-        b = start_daemon(tmp_path / "b", extra_env=BASE | {"LLMMAN_PEERS": proxy.host})
+        b = start_daemon(tmp_path / "b", port=b_port, extra_env=BASE | {"LLMMAN_PEERS": proxy.host})
         outcome: list[httpx.Response] = []
         worker = threading.Thread(target=lambda: outcome.append(httpx.post(
             b.url + "/api/generate", headers=HOP | {"x-llmman-source": f"http://{proxy.host}"},
@@ -145,6 +148,13 @@ def test_a_copy_from_a_peer_is_listed_while_it_runs(tmp_path: Path, model_file: 
             wait_until(lambda: under_way(b, model) is not None, "the copy listed with part of its bytes")
             entry = under_way(b, model)
             assert entry is not None and entry["kind"] == "copy" and entry["source"] == proxy.host
+
+            def seen_from_a() -> list[str]:
+                nodes = httpx.get(a.url + "/llmman/devices?pool=1", timeout=10).json()["nodes"]
+                peers = [n for n in nodes if not n["self"]]
+                return [t["kind"] for n in peers for t in n["transfers"] if t["model"] == model]
+
+            wait_until(lambda: seen_from_a() == ["copy"], "b's copy in a's pool-wide list")
         finally:
             proxy.release()
             worker.join(timeout=180)

@@ -2,7 +2,9 @@
 
 When the router (:mod:`.router`) serves a request here and a peer stores the model, or a forwarded
 request names a source in ``x-llmman-source``, its decision carries a :class:`PullSource`; the gateway's
-``ensure`` then calls :func:`copy_from_peer` before falling back to the model's own registry.
+``ensure`` then calls :func:`copy_from_peer` before falling back to the model's own registry. While it
+runs, the copy is listed in the puller's transfers (``kind`` ``copy``, ``source`` the peer's ``host:port``;
+llmman.registry.progress), which ``/llmman/node`` publishes.
 """
 
 from __future__ import annotations
