@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from tests.unit.ggufgen import write_gguf
-from tests.user_stores import ollama_store
+from tests.user_stores import hf_cache, ollama_store
 
 from llmman.errors import BadRequest, StoreError
 from llmman.refs import parse_reference
@@ -155,3 +155,18 @@ def test_ollama_blob_with_wrong_bytes_fails_its_first_load(tmp_path: Path) -> No
     assert caught.value.code == "import_changed"
     assert str(models / "blobs" / f"sha256-{digest[7:]}") in caught.value.message  # the file, named
     assert (models / "blobs" / f"sha256-{digest[7:]}").is_file()
+
+
+def test_a_newer_hf_revision_updates_the_import(tmp_path: Path) -> None:
+    hub = tmp_path / "hub"
+    hf_cache(hub, "org/Tiny-GGUF", {"Tiny-Q4_0.gguf": write_gguf(tmp_path / "a.gguf")}, revision="1" * 40)
+    store = Store(tmp_path / "store")
+    (first,) = import_all(store, discover(hub))
+    assert (first.state, first.name, first.how) == ("imported", "hf.co/org/Tiny-GGUF:Q4_0", "hard link")
+    newer = hf_cache(hub, "org/Tiny-GGUF", {"Tiny-Q4_0.gguf": write_gguf(tmp_path / "b.gguf", name="New")},
+                     revision="2" * 40)
+    (again,) = import_all(store, discover(hub))
+    assert again.state == "updated"
+    files = store.files(store.get(parse_reference(first.name)))
+    assert os.path.samefile(files.model, newer / "Tiny-Q4_0.gguf")
+

@@ -10,6 +10,8 @@ quantisation, as ``llmman pull hf.co/ORG/NAME:Q4_K_M`` picks that file); when tw
 repository would share a tag, each takes its file stem instead. The repository's ``mmproj*.gguf`` (F16,
 BF16, F32 preferred, as a pull picks it) is the projector of every model in it. Files of every cached
 revision count, ``main``'s first, then newer snapshots; a path seen in an earlier one is not taken again.
+A model's source is its repository folder, so importing it again after a newer revision was downloaded
+updates it.
 """
 
 from __future__ import annotations
@@ -95,5 +97,5 @@ def scan_hf_repo(repo: Path) -> list[Found]:
         parts = [_part(files[r], r.rsplit("/", 1)[-1]) for r in rels]
         if mmproj is not None and is_gguf(files[mmproj]):
             parts.append(_part(files[mmproj], mmproj.rsplit("/", 1)[-1], mmproj=True))
-        found.append(Found(ref, first, tuple(parts)))
+        found.append(Found(ref, repo, tuple(parts)))  # the repository: the same across revisions
     return found
