@@ -98,9 +98,10 @@ def discover_sources(sources: list[tuple[Path, bool]]) -> list[Found]:
     out: list[Found] = []
     for path, lmstudio in sources:
         for item in discover(path, lmstudio=lmstudio):
-            first = seen.setdefault(item.name.lower(), item.source)
-            if first != item.source and not item.problem:
-                item = Found(item.name, item.source, problem=f"the same name as {first}; import it alone "
-                                                              "with --name")
+            if not item.problem:
+                first = seen.setdefault(item.name.lower(), item.source)
+                if first != item.source:
+                    item = Found(item.name, item.source, problem=f"the same name as {first}; import it "
+                                                                  "alone with --name")
             out.append(item)
     return out
