@@ -3,7 +3,10 @@
 Two kinds of figures (names and labels in docs/observability.md):
 
 - **Events** the data path reports through :class:`Metrics`' methods (:meth:`Metrics.request_done`,
-  :meth:`Metrics.forwarded`, :meth:`Metrics.load_done`, ...): counters and histograms.
+  :meth:`Metrics.forwarded`, :meth:`Metrics.load_done`, ...): counters and histograms. The four
+  per-request families are plain numbers per label set, updated without a lock by the event loop (their
+  only writer) and exported at scrape time (:class:`RequestCollector`): a finished request costs a few
+  dictionary and attribute updates, not five locked prometheus_client updates.
 - **State** read when scraped, from where it is kept (:class:`SchedulerCollector`: the scheduler's table,
   its failure records and the node's memory; :class:`RequestLogCollector`: the request log's writer), so
   a gauge can never drift from the scheduler's own view.
@@ -22,12 +25,12 @@ with a path parameter); values are cut to :data:`LABEL_MAX` characters.
 from __future__ import annotations
 
 import contextlib
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmman.obs.requestlog import RequestLog, RequestRow
@@ -67,15 +70,11 @@ class Metrics:
         self.collect = collect
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("llmman_requests", "Requests answered, by the node that served them.",
-                                ["route", "dialect", "status", "model", "node", "kind"], registry=r)
-        self.tokens = Counter("llmman_tokens", "Tokens of answered requests: in = prompt, out = completion.",
-                              ["direction", "model", "node", "kind"], registry=r)
-        self.ttft = Histogram("llmman_time_to_first_token_seconds", "Seconds from arrival to the first token",
-                              ["model", "node", "kind"], buckets=TTFT_BUCKETS, registry=r)
-        self.speed = Histogram("llmman_generation_tokens_per_second",
-                               "Completion tokens per second after the first token, per request.",
-                               ["model", "node", "kind"], buckets=SPEED_BUCKETS, registry=r)
+        # The per-request families are plain numbers, exported at scrape time (RequestCollector): the
+        # event loop is their only writer, so they need none of prometheus_client's locks per update.
+        self._by_request: dict[tuple[str, str, int, str, str, str], int] = {}  # requests by label set
+        self._by_model: dict[tuple[str, str, str], _ModelFigures] = {}  # (model, node, kind)
+        r.register(RequestCollector(self._by_request, self._by_model))
         self.queue_wait = Histogram("llmman_queue_wait_seconds",
                                     "Seconds a request waited for its model (a load, a free slot).",
                                     ["model"], buckets=WAIT_BUCKETS, registry=r)
@@ -97,7 +96,6 @@ class Metrics:
                              ["source", "outcome"], registry=r)
         self.pull_bytes = Counter("llmman_pull_bytes", "Bytes fetched by pulls and copies.", ["source"],
                                   registry=r)
-        self._by_request: dict[tuple[str, str, int, str, str, str], _RequestChildren] = {}
         self._known: set[str] = set()  # models loaded here or answered with a success (model labels)
         self._peers: set[str] = set()  # hop peer labels given so far (at most PEER_LABELS_MAX)
         if requests is not None and collect:
@@ -136,23 +134,21 @@ class Metrics:
             return
         model = _label(self.model_label(row.model, row.status))
         key = (row.route, row.dialect, row.status, model, row.node, row.kind)
-        children = self._by_request.get(key)
-        if children is None:  # labels() costs more than the update itself: look the children up once
-            node, kind = row.node, row.kind
-            children = self._by_request[key] = _RequestChildren(
-                self.requests.labels(row.route, row.dialect, str(row.status), model, node, kind),
-                self.tokens.labels("in", model, node, kind), self.tokens.labels("out", model, node, kind),
-                self.ttft.labels(model, node, kind), self.speed.labels(model, node, kind))
-        children.requests.inc()
+        counts = self._by_request
+        counts[key] = counts.get(key, 0) + 1
+        per_model = (model, row.node, row.kind)
+        figures = self._by_model.get(per_model)
+        if figures is None:
+            figures = self._by_model[per_model] = _ModelFigures()
         if row.prompt_tokens:
-            children.tokens_in.inc(row.prompt_tokens)
+            figures.tokens_in += row.prompt_tokens
         if row.completion_tokens:
-            children.tokens_out.inc(row.completion_tokens)
+            figures.tokens_out += row.completion_tokens
         if row.ttft is not None:
-            children.ttft.observe(row.ttft)
+            figures.ttft.observe(row.ttft)
         speed = row.tokens_per_s
         if speed is not None:
-            children.speed.observe(speed)
+            figures.speed.observe(speed)
 
     def waited(self, model: str, seconds: float) -> None:
         """A request got its model after ``seconds`` (llmman.sched.table.Lease.load_duration)."""
@@ -221,15 +217,89 @@ class Metrics:
         return text
 
 
-@dataclass(frozen=True, slots=True)
-class _RequestChildren:
-    """The labelled children one kind of request moves (:meth:`Metrics.request_done`)."""
+class _Buckets:
+    """One histogram's figures: a count per bucket (the last one past every bound) and the sum."""
 
-    requests: Counter
-    tokens_in: Counter
-    tokens_out: Counter
-    ttft: Histogram
-    speed: Histogram
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """One observation (in the first bucket whose bound is at least ``value``)."""
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def exposed(self) -> list[tuple[str, float]]:
+        """The cumulative ``(le, count)`` pairs of the text format, ``+Inf`` last."""
+        out, total = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += count
+            out.append((_le(bound), float(total)))
+        return out
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as the text format writes it (prometheus_client's own ``floatToGoString``)."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+class _ModelFigures:
+    """What the requests of one ``(model, node, kind)`` added up to: tokens, TTFT and speed."""
+
+    __slots__ = ("speed", "tokens_in", "tokens_out", "ttft")
+
+    def __init__(self) -> None:
+        self.tokens_in = 0
+        self.tokens_out = 0
+        self.ttft = _Buckets(TTFT_BUCKETS)
+        self.speed = _Buckets(SPEED_BUCKETS)
+
+
+class RequestCollector(Collector):
+    """``llmman_requests_total``, ``llmman_tokens_total``, ``llmman_time_to_first_token_seconds`` and
+    ``llmman_generation_tokens_per_second`` from the figures :meth:`Metrics.request_done` keeps."""
+
+    def __init__(self, requests: dict[tuple[str, str, int, str, str, str], int],
+                 per_model: dict[tuple[str, str, str], _ModelFigures]) -> None:
+        self._requests = requests
+        self._per_model = per_model
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples."""
+        yield from self._families()
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, CounterMetricFamily, HistogramMetricFamily,
+                             HistogramMetricFamily]:
+        per_model = ["model", "node", "kind"]
+        return (
+            CounterMetricFamily("llmman_requests", "Requests answered, by the node that served them.",
+                                labels=["route", "dialect", "status", "model", "node", "kind"]),
+            CounterMetricFamily("llmman_tokens",
+                                "Tokens of answered requests: in = prompt, out = completion.",
+                                labels=["direction", *per_model]),
+            HistogramMetricFamily("llmman_time_to_first_token_seconds",
+                                  "Seconds from arrival to the first token", labels=per_model),
+            HistogramMetricFamily("llmman_generation_tokens_per_second",
+                                  "Completion tokens per second after the first token, per request.",
+                                  labels=per_model),
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        """The families with the figures so far (copied first: a writer in another thread is harmless)."""
+        requests, tokens, ttft, speed = self._families()
+        for (route, dialect, status, model, node, kind), count in list(self._requests.items()):
+            requests.add_metric([route, dialect, str(status), model, node, kind], count)
+        for (model, node, kind), figures in list(self._per_model.items()):
+            labels = [model, node, kind]
+            tokens.add_metric(["in", *labels], figures.tokens_in)
+            tokens.add_metric(["out", *labels], figures.tokens_out)
+            ttft.add_metric(labels, figures.ttft.exposed(), figures.ttft.sum)
+            speed.add_metric(labels, figures.speed.exposed(), figures.speed.sum)
+        yield from (requests, tokens, ttft, speed)
 
 
 class _Fixed(Collector):
