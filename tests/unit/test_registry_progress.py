@@ -1,7 +1,7 @@
 """The table of transfers in progress (llmman.registry.progress): bytes move as progress lines come, the
 entry goes when the transfer ends, a failed one stays a while with its error; the puller lists a pull
-that fails on a registry that does not answer; a peer's ``transfers`` are read checked
-(llmman.cluster.state.transfers_of)."""
+that fails on a registry that does not answer, and a Hugging Face pull while it runs; a peer's
+``transfers`` are read checked (llmman.cluster.state.transfers_of)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.fakes.fake_hf_hub import FakeHub
 from tests.integration.daemons import free_port
+from tests.unit.ggufgen import write_gguf
 
 from llmman.cluster.state import TRANSFERS_MAX, transfers_of
 from llmman.errors import LlmmanError
 from llmman.refs import parse_reference
 from llmman.registry import progress
+from llmman.registry.client import RegistryOptions
 from llmman.registry.progress import COPY, PULL, Transfers
 from llmman.registry.puller import Puller
 from llmman.store import Store
@@ -95,6 +98,29 @@ def test_the_puller_lists_a_pull_that_fails(tmp_path: Path) -> None:
     [entry] = puller.transfers.snapshot()
     assert entry["model"] == f"{host}/ai/nothing:latest" and entry["kind"] == PULL
     assert entry["source"] == host and entry["error"]
+
+
+def test_a_hugging_face_pull_is_listed_while_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each progress line of the pull finds it in the table (its lines are emitted while it runs), with
+    its bytes as far as that line says; the table is empty once it has returned."""
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")  # huggingface_hub's own switch, read by it
+    gguf = write_gguf(tmp_path / "tiny.gguf", arch="llama")
+    hub = FakeHub({"owner/tiny-GGUF": {"tiny-Q4_K_M.gguf": gguf.read_bytes()}})
+    try:
+        puller = Puller(Store(tmp_path / "store"), options=RegistryOptions(hf_endpoint=hub.url))
+        seen: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        puller.pull(parse_reference("hf.co/owner/tiny-GGUF"),
+                    lambda line: seen.append((line, puller.transfers.snapshot())))
+    finally:
+        hub.close()
+    assert puller.transfers.snapshot() == []
+    for line, listed in seen[:-1]:  # all but the last ("success", emitted once the manifest is stored)
+        [entry] = listed
+        assert entry["model"] == "hf.co/owner/tiny-GGUF:latest" and entry["kind"] == PULL
+        assert entry["source"] == hub.url.split("//", 1)[1] and entry["status"] == line["status"]
+        if "completed" in line:
+            assert (entry["completed"], entry["total"]) == (line["completed"], line["total"])
+    assert any(line.get("completed") == gguf.stat().st_size for line, _ in seen)
 
 
 def test_an_offline_refusal_is_no_transfer(tmp_path: Path) -> None:
