@@ -63,6 +63,16 @@ if [ "$WANT_TEST" = 1 ] && { ! command -v chromium >/dev/null || ! command -v ch
   fi
 fi
 
+# The completion tests (tests/unit/test_cli_ollama_verbs.py) check the zsh and fish scripts with the shells.
+if [ "$WANT_TEST" = 1 ] && { ! command -v zsh >/dev/null || ! command -v fish >/dev/null; }; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing zsh and fish (for the shell-completion tests)"
+    apt-get update -qq && apt-get install -y -qq zsh fish >/dev/null
+  else
+    say "zsh/fish missing: their completion tests will be skipped (apt-get install zsh fish)"
+  fi
+fi
+
 stamp="$VENV/.llmman-installed"
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
