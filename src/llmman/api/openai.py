@@ -1,5 +1,6 @@
 """OpenAI routes: ``/v1/chat/completions``, ``/v1/completions`` passed to llama-server byte for
-byte (streaming included), and ``/v1/models`` (``/v1/models/{id}``) from the store.
+byte (streaming included), and ``/v1/models`` (``/v1/models/{id}``) from the store, each model with the
+context it runs with (loaded) or would load with (:func:`model_entry`).
 
 The body is parsed only to be checked (:mod:`llmman.protocol.openai.validate`: the shapes OpenAI
 checks, so a malformed ``messages`` or ``tools`` gets OpenAI's 400 naming the ``param`` instead of
@@ -15,7 +16,7 @@ reports late errors.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 import orjson
@@ -28,6 +29,7 @@ from llmman.api.inference import Call, run
 from llmman.api.relay import passthrough
 from llmman.api.services import Services
 from llmman.cluster.peers import HOP
+from llmman.config.presets import by_reference
 from llmman.errors import LlmmanError, ModelNotFound
 from llmman.gateway import ResolvedModel
 from llmman.protocol.capabilities import capability_error, openai_chat_needs
@@ -37,6 +39,7 @@ from llmman.protocol.openai.shapes import models_list, openai_error, peek_model
 from llmman.protocol.openai.stream import Kind, stringify_arguments
 from llmman.protocol.openai.validate import InvalidParam, validate_chat, validate_completion
 from llmman.refs import parse_reference
+from llmman.store import StoredModel
 
 log = logging.getLogger("llmman.api.openai")
 
@@ -99,17 +102,48 @@ async def _serve(request: Request, path: str, body: dict[str, object], raw: byte
                              requested=name, kind=Kind.CHAT if chat else Kind.COMPLETION, usage_chunk=usage)
 
 
+def running_contexts(services: Services) -> dict[str, int]:
+    """The per-slot context each loaded (or loading) chat child runs with, by reference (its plan's
+    ``n_ctx``, as ``/api/ps`` shows it)."""
+    return {snap.reference: snap.n_ctx for snap in services.scheduler.snapshot() if not snap.embedding}
+
+
+def planned_context(services: Services, stored: StoredModel, trained: int | None) -> int:
+    """The per-slot context a model not loaded would load with by default: its preset's ``context``, else
+    ``server.context_length``, at most its trained context and at least 256 (the rule of
+    :meth:`llmman.gateway.Gateway.plan`, without its file checks)."""
+    presets = by_reference(services.settings.presets,
+                           lambda name: str(parse_reference(name, services.settings.aliases)))
+    preset = presets.get(stored.reference)
+    n_ctx = preset.context if preset and preset.context else services.settings.context_length
+    if trained:
+        n_ctx = min(n_ctx, trained)
+    return max(n_ctx, 256)
+
+
+def model_entry(services: Services, stored: StoredModel, running: Mapping[str, int]) -> dict[str, object]:
+    """One ``/v1/models`` entry (without ``id``): ``context_length`` (= ``max_model_len``, ``meta.n_ctx``) is
+    the context the model runs with when loaded, else the one it would load with; ``meta.n_ctx_train`` the
+    GGUF's trained context (the most ``num_ctx`` can ask for)."""
+    try:
+        trained_raw = services.store.info(stored).context_length
+    except Exception:
+        trained_raw = None
+    trained = int(trained_raw) if trained_raw else None
+    n_ctx = running.get(stored.reference) or planned_context(services, stored, trained)
+    meta: dict[str, object] = {"n_ctx": n_ctx}
+    if trained:
+        meta["n_ctx_train"] = trained
+    return {"created": int(stored.modified_at), "context_length": n_ctx, "meta": meta}
+
+
 async def models(request: Request) -> Response:
-    """``GET /v1/models``: every stored model, with ``context_length`` and ``max_model_len``."""
+    """``GET /v1/models``: every stored model, with ``context_length`` and ``max_model_len`` (see
+    :func:`model_entry`)."""
     services: Services = request.app.state.services
-    entries = []
-    for model in services.store.list():
-        try:
-            ctx = services.store.info(model).context_length
-        except Exception:
-            ctx = None
-        entries.append({"id": model.reference, "created": int(model.modified_at),
-                        "context_length": int(ctx) if ctx else None})
+    running = running_contexts(services)
+    entries = [{**model_entry(services, stored, running), "id": stored.reference}
+               for stored in services.store.list()]
     return Response(orjson.dumps(models_list(entries)), media_type="application/json")
 
 
@@ -128,11 +162,7 @@ async def model(request: Request) -> Response:
         if services.peers and HOP not in request.headers:
             entry = _peer_entry(name, services, await services.peers.gather("/v1/models"))
     else:
-        try:
-            ctx = services.store.info(stored).context_length
-        except Exception:
-            ctx = None
-        entry = {"created": int(stored.modified_at), "context_length": int(ctx) if ctx else None}
+        entry = model_entry(services, stored, running_contexts(services))
     if entry is None:
         raise ModelNotFound(name)
     item = models_list([{**entry, "id": name}])["data"]

@@ -166,11 +166,12 @@ def _field(entry: object, name: str) -> object:
 
 def models_list(entries: Iterable[ModelEntry | Mapping[str, object] | object]) -> dict[str, object]:
     """The ``GET /v1/models`` body: ``{"object": "list", "data": [{id, object: "model", created, owned_by,
-    context_length?, max_model_len?}]}``. ``data`` is ``[]`` when empty (never null, unlike Ollama).
+    context_length?, max_model_len?, meta?}]}``. ``data`` is ``[]`` when empty (never null, unlike Ollama).
 
     Accepts :class:`ModelEntry`, mappings or any object with ``id``, ``created`` (int seconds) and
     ``context_length`` (int or None) attributes; ``owned_by`` defaults to ``"llmman"``. ``max_model_len`` (the
-    vLLM name some clients read) repeats ``context_length``.
+    vLLM name some clients read) repeats ``context_length``; ``meta`` (llama-server's ``n_ctx`` and
+    ``n_ctx_train`` names) is copied when the entry has one.
     """
     data: list[dict[str, object]] = []
     for entry in entries:
@@ -185,5 +186,8 @@ def models_list(entries: Iterable[ModelEntry | Mapping[str, object] | object]) -
         if isinstance(ctx, int) and not isinstance(ctx, bool):
             item["context_length"] = ctx
             item["max_model_len"] = ctx
+        meta = _field(entry, "meta")
+        if isinstance(meta, Mapping) and meta:
+            item["meta"] = dict(meta)
         data.append(item)
     return {"object": "list", "data": data}
