@@ -192,8 +192,9 @@ class Cell:
 
 
 async def measure(ds: dict[str, Daemon], dialects: Sequence[str], concs: Sequence[int], rounds: int,
-                  tokens: int) -> list[Cell]:
-    """Every cell: a warm-up round, then ``rounds`` rounds of both configurations, order alternating."""
+                  tokens: int, together: bool = False) -> list[Cell]:
+    """Every cell: a warm-up round, then ``rounds`` rounds of both configurations, order alternating;
+    with ``together`` both configurations' rounds run at the same time instead (``conc`` streams each)."""
     per_config = {name: targets(d.url, tokens) for name, d in ds.items()}
     timeout = aiohttp.ClientTimeout(total=600)
     # A new loopback connection per request, as bench_proxy.py (and as llmman does to its children).
@@ -209,8 +210,13 @@ async def measure(ds: dict[str, Daemon], dialects: Sequence[str], concs: Sequenc
                 repeat = STREAMS_PER_WORKER.get(conc, 2)
                 for i in range(rounds + 1):
                     order = ["on", "off"] if i % 2 == 0 else ["off", "on"]
-                    got = {name: await timed_round(sessions[name], ds[name], per_config[name][dialect],
-                                                   conc, repeat) for name in order}
+                    if together:
+                        both = await asyncio.gather(*(timed_round(sessions[n], ds[n], per_config[n][dialect],
+                                                                  conc, repeat) for n in order))
+                        got = dict(zip(order, both, strict=True))
+                    else:
+                        got = {n: await timed_round(sessions[n], ds[n], per_config[n][dialect], conc, repeat)
+                               for n in order}
                     if i == 0:
                         cell.warmup = got
                         continue
@@ -268,6 +274,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=TOKENS, help=f"tokens per stream (default {TOKENS})")
     parser.add_argument("--token-delay", type=float, default=TOKEN_DELAY_S,
                         help=f"the fake's seconds between tokens (default {TOKEN_DELAY_S})")
+    parser.add_argument("--together", action="store_true",
+                        help="run both configurations' rounds at the same time (conc streams each), so "
+                             "the machine's other load hits both alike")
     parser.add_argument("--json", type=Path, help="where to write the results")
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.quick else 5)
@@ -281,15 +290,18 @@ def main() -> int:
     doc: dict[str, Any] = {"date": today, "commit": commit(), "cpus": os.cpu_count(), "rounds": rounds,
                            "tokens": args.tokens, "token_delay_s": args.token_delay, "slots": SLOTS,
                            "streams_per_worker": {c: STREAMS_PER_WORKER.get(c, 2) for c in concs},
-                           "configs": CONFIGS, "load_average_before": os.getloadavg()}
+                           "configs": CONFIGS, "together": args.together,
+                           "load_average_before": os.getloadavg()}
     failed = False
     with tempfile.TemporaryDirectory(prefix="llmman-bench-obs-") as name, daemons(Path(name),
                                                                                    args.token_delay) as ds:
         print(f"on {ds['on'].url} (metrics + request log), off {ds['off'].url} (both off); fake at "
               f"{1 / args.token_delay:g} tokens/s per stream, {args.tokens} tokens a stream; "
-              f"a warm-up and {rounds} round(s) per cell; {os.cpu_count()} CPUs", flush=True)
+              f"a warm-up and {rounds} round(s) per cell"
+              f"{', both configurations at once' if args.together else ''}; {os.cpu_count()} CPUs",
+              flush=True)
         try:
-            cells = asyncio.run(measure(ds, dialects, concs, rounds, args.tokens))
+            cells = asyncio.run(measure(ds, dialects, concs, rounds, args.tokens, args.together))
             summaries = [c.summary() for c in cells]
             print()
             print_table(summaries)
