@@ -149,10 +149,17 @@ def test_short_chat_is_sent_as_it_is(url: str) -> None:
     assert r.json()["prompt_eval_count"] > TARGET  # over the cut's target, under the context: not cut
 
 
-def test_openai_route_keeps_llama_servers_refusal(url: str) -> None:
-    r = post(url, "/v1/chat/completions", {"model": SMOL, "messages": history(4), "max_tokens": 8})
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
+def test_other_dialects_keep_llama_servers_refusal(url: str, route: str) -> None:
+    messages = history(4)
+    body: dict[str, Any] = {"model": SMOL, "max_tokens": 8, "messages": messages}
+    if route == "/v1/messages":
+        body = {"model": SMOL, "max_tokens": 8, "system": SYSTEM, "messages": messages[1:]}
+    elif route == "/v1/responses":
+        body = {"model": SMOL, "max_output_tokens": 16, "input": [{"type": "message", **m} for m in messages]}
+    r = post(url, route, body)
     assert r.status_code == 400, r.text
-    assert "exceeds the available context size" in r.json()["error"]["message"]
+    assert "exceeds the available context size" in r.json()["error"]["message"], r.text
 
 
 # --- versions ---
