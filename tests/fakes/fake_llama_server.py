@@ -53,6 +53,7 @@ Environment variables:
 Endpoints: ``GET /health``, ``/v1/health``, ``/props``, ``/v1/models`` (= ``/models``), ``/metrics``
 (with ``--metrics``), ``POST /v1/chat/completions`` (= ``/chat/completions``) and ``/v1/completions``,
 ``/v1/messages`` and ``/v1/responses`` (their events shaped like llama-server's own, streamed or not),
+``/v1/messages/count_tokens`` (``{"input_tokens"}``, the words of the messages),
 streaming (SSE shaped like llama-server: role chunk, one chunk per token, a finish chunk, a usage chunk
 when ``stream_options.include_usage``, ``timings`` on the last, then ``data: [DONE]``) or not;
 ``max_tokens`` / ``max_completion_tokens`` / ``n_predict`` truncate with ``finish_reason: "length"``.
@@ -319,7 +320,8 @@ class Handler(BaseHTTPRequestHandler):
             os.kill(os.getpid(), signal.SIGKILL)
         chat = path in ("/v1/chat/completions", "/chat/completions")
         native = path in ("/v1/messages", "/v1/responses")
-        if not chat and not native and path != "/v1/completions":
+        counting = path == "/v1/messages/count_tokens"
+        if not chat and not native and not counting and path != "/v1/completions":
             return self.send_error_json(404, "File Not Found", "not_found_error")
         try:
             body = json.loads(raw)
@@ -327,6 +329,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise ValueError("request body must be a JSON object")
         except ValueError as exc:
             return self.send_error_json(400, f"Failed to parse JSON: {exc}", "invalid_request_error")
+        if counting:
+            return self.send_json(200, {"input_tokens": count_prompt(body)})
         problem = None if native else invalid_field(body, chat)
         if problem:
             return self.send_error_json(400, problem, "invalid_request_error")

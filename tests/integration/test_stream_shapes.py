@@ -106,6 +106,7 @@ def test_an_anthropic_stream_without_message_start_still_gives_the_sdk_its_text(
     assert "text" in kinds
     assert "".join(b.text for b in final.content if b.type == "text") == REPLY
     assert final.id.startswith("msg_") and final.model == "dropper"
+    assert final.usage.input_tokens == 1  # counted on the child: the fake counts the words ("hi")
     events = sse_events(url, "/v1/messages", {"model": "dropper", "max_tokens": 50, "stream": True,
                                                         "messages": HI})
     assert [name for name, _ in events][:3] == ["message_start", "ping", "content_block_start"]

@@ -76,13 +76,13 @@ def busy() -> Iterator[None]:
         p.wait()
 
 
-def _anthropic_stream(url: str) -> tuple[list[str], str]:
+def _anthropic_stream(url: str) -> tuple[list[str], str, int]:
     client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=300)
     try:
         with client.messages.stream(model=SMOL, max_tokens=12, messages=HI) as stream:  # type: ignore[arg-type]
             kinds = [event.type for event in stream]
-            text = "".join(b.text for b in stream.get_final_message().content if b.type == "text")
-        return kinds, text
+            final = stream.get_final_message()
+        return kinds, "".join(b.text for b in final.content if b.type == "text"), final.usage.input_tokens
     finally:
         client.close()
 
@@ -105,9 +105,10 @@ def test_every_stream_starts_as_its_dialect_says_under_cpu_load(node: Daemon, bu
         messages = [pool.submit(_anthropic_stream, url) for _ in range(STREAMS)]
         chats = [pool.submit(_openai_stream, url) for _ in range(STREAMS)]
         for future in messages:
-            kinds, text = future.result()
+            kinds, text, input_tokens = future.result()
             assert kinds[0] == "message_start" and kinds.count("message_start") == 1, kinds
             assert "text" in kinds and text, kinds
+            assert input_tokens > 0  # the child's message_start, or ours with the child's count
         for chat in chats:
             chunks = chat.result()
             assert chunks[0].choices[0].delta.role == "assistant", chunks[0]

@@ -6,7 +6,13 @@ import orjson
 import pytest
 
 from llmman.errors import BadRequest
-from llmman.protocol.anthropic.messages import AnthropicStream, fix_message, prepare_request, upstream_error
+from llmman.protocol.anthropic.messages import (
+    AnthropicStream,
+    fix_message,
+    prepare_request,
+    starts_with_message_start,
+    upstream_error,
+)
 from llmman.protocol.framing import SSEDecoder
 
 # Recorded from llama-server b11434 /v1/messages (SmolLM2-135M), with a multi-byte text delta added.
@@ -67,6 +73,17 @@ def test_a_stream_without_message_start_gets_ours_and_a_ping_first(size: int) ->
                        "model": "smollm2:135m", "stop_reason": None, "stop_sequence": None,
                        "usage": {"input_tokens": 0, "output_tokens": 0}}
     assert [n for n, _ in events].count("message_start") == 1 and events[-1][0] == "message_stop"
+
+
+def test_the_route_can_tell_a_missing_start_from_the_first_bytes_and_give_its_count() -> None:
+    assert starts_with_message_start(RECORDED[:20]) is None  # the first event is not whole yet
+    assert starts_with_message_start(RECORDED) is True
+    assert starts_with_message_start(_first_event_dropped()) is False
+    stream = AnthropicStream("m", message_id="msg_x")
+    stream.input_tokens = 31
+    out = SSEDecoder().feed(stream.feed(SSEDecoder().feed(_first_event_dropped())[0]))
+    assert orjson.loads(out[0].data)["message"]["usage"] == {"input_tokens": 31, "output_tokens": 0}
+    assert orjson.loads(out[0].data)["message"]["id"] == "msg_x"
 
 
 def test_a_late_message_start_is_dropped_and_its_input_tokens_ride_on_message_delta() -> None:

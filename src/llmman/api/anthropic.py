@@ -5,19 +5,22 @@ then Ollama's capability checks: tools and images need the model's ``tools``/``v
 relaxed for a model that cannot think and otherwise mapped to llama-server's reasoning controls); the
 request goes through the pipeline (api/inference.py) and, served here, to the child's own ``/v1/messages``
 (or ``/v1/messages/count_tokens``); answers are fixed up (id, model, ping, block order, errors) by the
-same module; a stream always begins with ``message_start`` and ``ping``, made here when the child left
-them out. A request whose ``tool_choice`` forces a tool goes to the child's ``/v1/chat/completions``
-with a JSON-schema grammar instead, translated both ways by :mod:`llmman.protocol.anthropic.tools`. Errors
-before the first byte carry their real status in Anthropic's shape (api/errors.py picks the shape by
-path); after it, one ``error`` event ends the stream.
+same module; a stream always begins with ``message_start`` and ``ping``, made when the child left them
+out, with the input tokens counted on the child (:func:`_counted`). A request whose ``tool_choice``
+forces a tool goes to the child's ``/v1/chat/completions`` with a JSON-schema grammar instead,
+translated both ways by :mod:`llmman.protocol.anthropic.tools`. Errors before the first byte carry
+their real status in Anthropic's shape (api/errors.py picks the shape by path); after it, one ``error``
+event ends the stream.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from functools import partial
 
+import aiohttp
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -33,6 +36,7 @@ from llmman.protocol.anthropic.messages import (
     apply_thinking,
     fix_message,
     prepare_request,
+    starts_with_message_start,
     upstream_error,
 )
 from llmman.protocol.anthropic.tools import ForcedToolStream, forced_message, forced_request
@@ -44,6 +48,10 @@ from llmman.protocol.transducer import SSETransducer
 log = logging.getLogger("llmman.api.anthropic")
 
 JSON = "application/json"
+#: Seconds a count of input tokens (for a stream whose child sent no message_start) may take.
+COUNT_TIMEOUT = 5.0
+#: The most bytes held while waiting for the child's first whole event.
+COUNT_HEAD = 1 << 16
 
 
 def _parse(raw: bytes) -> object:
@@ -91,7 +99,9 @@ async def _serve(request: Request, path: str, body: dict[str, object], name: str
         status, err = upstream_error(exchange.status, await exchange.read())
         return Response(orjson.dumps(err), status_code=status, media_type=JSON)
     if stream:
-        return _streaming(exchange, AnthropicStream(name, message_id="msg_" + uuid.uuid4().hex))
+        events = AnthropicStream(name, message_id="msg_" + uuid.uuid4().hex)
+        return stream_answer(exchange, SSETransducer(events), media_type="text/event-stream",
+                             chunks=_counted(exchange, events, body))
     answer = await _answer(request, exchange)
     if not counting and isinstance(answer, dict):
         answer = fix_message(answer, name)
@@ -121,6 +131,44 @@ async def _answer(request: Request, exchange: UpstreamExchange) -> object:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise LlmmanError("llama-server sent an answer that is not JSON") from exc
+
+
+async def _counted(exchange: UpstreamExchange, events: AnthropicStream,
+                   body: dict[str, object]) -> AsyncIterator[bytes]:
+    """The child's chunks; when its first event is not ``message_start`` (llama-server under CPU load),
+    the prompt's tokens are counted first on the same child (its ``/v1/messages/count_tokens``) for the
+    ``message_start`` llmman sends instead. A count that fails or takes over :data:`COUNT_TIMEOUT` s
+    leaves ``input_tokens`` at 0."""
+    head: bytes | None = b""
+    async for chunk in exchange.chunks():
+        if head is None:
+            yield chunk
+            continue
+        head += chunk
+        starts = starts_with_message_start(head)
+        if starts is None and len(head) < COUNT_HEAD:
+            continue
+        if starts is False:
+            events.input_tokens = await _count(exchange.lease.base_url, body)
+        out, head = head, None
+        yield out
+    if head:
+        yield head
+
+
+async def _count(base_url: str, body: dict[str, object]) -> int | None:
+    counting = {k: body[k] for k in ("model", "messages", "system", "tools") if k in body}
+    try:
+        timeout = aiohttp.ClientTimeout(total=COUNT_TIMEOUT)
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
+                base_url + "/v1/messages/count_tokens", data=orjson.dumps(counting),
+                headers={"Content-Type": JSON}) as response:
+            answer = orjson.loads(await response.read()) if response.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+        log.info("counting the input tokens of a stream without message_start failed: %s", exc)
+        return None
+    tokens = answer.get("input_tokens") if isinstance(answer, dict) else None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
 
 
 def _streaming(exchange: UpstreamExchange, events: AnthropicStream | ForcedToolStream) -> Response:

@@ -55,16 +55,18 @@ def stream_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def stream_answer(exchange: UpstreamExchange, transducer: Transducer, *, media_type: str | None = None,
-                  headers: Mapping[str, str] | None = None) -> StreamingResponse:
-    """A 200 streaming response of ``exchange``'s body through ``transducer``, with
-    :data:`STREAM_HEADERS`."""
-    return StreamingResponse(_relay(exchange, transducer), status_code=200, media_type=media_type,
+                  headers: Mapping[str, str] | None = None,
+                  chunks: AsyncIterator[bytes] | None = None) -> StreamingResponse:
+    """A 200 streaming response of ``exchange``'s body (or ``chunks``, a route's reading of it) through
+    ``transducer``, with :data:`STREAM_HEADERS`."""
+    return StreamingResponse(_relay(exchange, transducer, chunks), status_code=200, media_type=media_type,
                              headers=stream_headers(headers))
 
 
-async def _relay(exchange: UpstreamExchange, transducer: Transducer) -> AsyncIterator[bytes]:
+async def _relay(exchange: UpstreamExchange, transducer: Transducer,
+                 chunks: AsyncIterator[bytes] | None = None) -> AsyncIterator[bytes]:
     try:
-        async for chunk in exchange.chunks():
+        async for chunk in chunks if chunks is not None else exchange.chunks():
             out = transducer.feed(chunk)
             if out:
                 yield out

@@ -40,7 +40,7 @@ from llmman.protocol.framing import SSEEvent, sse
 from llmman.protocol.openai.shapes import client_fault
 
 __all__ = ["AnthropicStream", "anthropic_error", "apply_thinking", "error_type", "fix_message",
-           "prepare_request", "upstream_error"]
+           "prepare_request", "starts_with_message_start", "upstream_error"]
 
 _TYPES = {
     400: "invalid_request_error",
@@ -194,6 +194,17 @@ def upstream_error(status: int, body: bytes) -> tuple[int, dict[str, object]]:
     return status, anthropic_error(message, status=status)
 
 
+def starts_with_message_start(head: bytes) -> bool | None:
+    """Whether the child's stream, whose first bytes are ``head``, begins with ``message_start``; None
+    while its first event is not whole yet. A byte check (llama-server writes ``event: message_start``
+    first), no parse."""
+    cut = head.find(b"\n\n")
+    if cut < 0:
+        return None
+    first = head[:cut]
+    return b"event: message_start" in first or b'"type":"message_start"' in first
+
+
 class AnthropicStream:
     """Transducer for llama-server's native Anthropic SSE stream: ``feed(event) -> bytes`` to send, then
     ``close() -> bytes`` at end of stream.
@@ -201,8 +212,9 @@ class AnthropicStream:
     Every stream begins with ``message_start`` (id, model) and ``{"type": "ping"}``, whatever the child
     sends: under CPU load llama-server b11434 sometimes leaves its ``message_start`` out, and the
     ``anthropic`` SDK then yields no text (strict clients reject the stream). When the first event is
-    anything else, llmman's own ``message_start`` goes first (``message_id``, the client's model,
-    ``input_tokens: 0`` as the forced-tool stream sends), once; a child's ``message_start`` that comes
+    anything else, llmman's own ``message_start`` goes first (``message_id``, the client's model, and
+    ``input_tokens`` when the route has counted them, else 0 as the forced-tool stream sends), once; a
+    child's ``message_start`` that comes
     later is dropped, its ``input_tokens`` (and cache figures) then ride on ``message_delta``'s usage,
     which Anthropic's clients read as the final figures. Sends content blocks
     one after the other: when a block starts while another is open, the open one is closed first (a
@@ -220,6 +232,7 @@ class AnthropicStream:
         self.started = False  # message_start (the child's or ours) has been sent
         self.synthesised = False  # ours: the child's first event was not message_start
         self._late_usage: dict[str, object] = {}  # a late child message_start's input figures
+        self.input_tokens: int | None = None  # counted by the route when the child's start is missing
         self._open: int | None = None  # the index of the block now open
         self._open_type = ""
         self._signed = False  # the open (thinking) block has had its signature_delta
@@ -292,7 +305,7 @@ class AnthropicStream:
         message: dict[str, object] = {
             "id": self.message_id, "type": "message", "role": "assistant", "content": [],
             "model": self.model, "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0}}
+            "usage": {"input_tokens": self.input_tokens or 0, "output_tokens": 0}}
         return sse({"type": "message_start", "message": message}, event="message_start") + sse(
             {"type": "ping"}, event="ping")
 
