@@ -1,5 +1,5 @@
 # The two commands of the README. Each does all of its own set-up (scripts/setup.sh) and is idempotent.
-.PHONY: serve test lint unit bench bench-pool setup setup-test setup-venv
+.PHONY: serve test lint unit bench bench-pool bench-obs setup setup-test setup-venv
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -43,3 +43,7 @@ bench: setup-test
 # Does the pool serve as one bigger server? Fake llama-servers of fixed capacity: needs only the venv.
 bench-pool: setup-venv
 	$(BIN)/python bench/bench_pool.py
+
+# What metrics and the request log cost the relay: on vs off, side by side, over the fake llama-server.
+bench-obs: setup-venv
+	$(BIN)/python bench/bench_relay_obs.py
