@@ -23,6 +23,7 @@ import aiohttp
 from llmman.cluster.copy import PullSource, copy_from_peer
 from llmman.config.presets import Preset, by_reference
 from llmman.errors import BadRequest, LlmmanError, ModelNotFound, NotFound, RunnerError
+from llmman.protocol.llama_routes import reranks
 from llmman.protocol.ollama.fields import RunnerOptions
 from llmman.refs import Reference, parse_reference
 from llmman.registry.puller import Puller
@@ -125,6 +126,15 @@ class UpstreamExchange:
             self._response.release()
             self._response.close()
             self.lease.release()
+
+
+def _pooling(architecture: str, metadata: Mapping[str, object]) -> str | None:
+    """An embedding child's ``--pooling``: ``rank`` for a reranker (llama-server's rerank routes need
+    it), ``mean`` for a model whose GGUF names no pooling type (a chat model: llama-server refuses OpenAI
+    embeddings with pooling ``none``), else the GGUF's own (None)."""
+    if reranks(architecture, metadata):
+        return "rank"
+    return "mean" if f"{architecture}.pooling_type" not in metadata else None
 
 
 class Gateway:
@@ -277,8 +287,7 @@ class Gateway:
             estimate=predicted.total,
             n_parallel=n_parallel,
             embedding=embedding,
-            pooling="mean" if embedding and f"{info.architecture}.pooling_type" not in info.metadata
-            else None,
+            pooling=_pooling(info.architecture, info.metadata) if embedding else None,
             n_gpu_layers=layers,
             devices=devices,
             extra_args=(preset.extra_args if preset else ()) + load_args(flags, embedding=embedding,

@@ -242,8 +242,6 @@ def test_rerank_refused_for_a_model_that_is_not_a_reranker(url: str, path: str) 
     assert "does not support reranking" in r.text
 
 
-@pytest.mark.xfail(strict=True, reason="needs gateway.plan to start a reranker's embedding child with "
-                                       "--pooling rank (asked of the lead in H4's report)")
 def test_rerank_on_a_reranker(url: str) -> None:
     r = post(url, "/v1/rerank", {"model": RERANK_NAME, "query": "a cat",
                                  "documents": ["a cat is an animal", "Paris is a city"]})

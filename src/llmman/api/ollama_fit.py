@@ -51,11 +51,12 @@ class Child:
         self._model = model
         self._keep_alive = upstream.keep_alive_s
         self._num_ctx = upstream.runner.num_ctx
+        self._options = upstream.runner
 
     async def _post(self, path: str, doc: dict[str, object]) -> dict[str, object]:
         services: Services = self._request.app.state.services
         opening = services.gateway.open(self._model, path, orjson.dumps(doc), keep_alive=self._keep_alive,
-                                        num_ctx=self._num_ctx)
+                                        num_ctx=self._num_ctx, options=self._options)
         exchange = await unless_disconnected(self._request, opening)
         data = await unless_disconnected(self._request, exchange.read())
         try:

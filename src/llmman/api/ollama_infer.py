@@ -105,7 +105,8 @@ async def _serve(request: Request, body: dict[str, object], upstream: UpstreamRe
         if upstream.unloads:
             await services.scheduler.unload(model.stored.reference)
             return json_response(load_response(upstream.kind, upstream.model, created_at(), "unload"))
-        lease = await gateway.acquire(model, keep_alive=keep_alive, num_ctx=num_ctx)
+        lease = await gateway.acquire(model, keep_alive=keep_alive, num_ctx=num_ctx,
+                                     options=upstream.runner)
         lease.release()
         return json_response(load_response(upstream.kind, upstream.model, created_at(), "load"))
 
@@ -114,7 +115,8 @@ async def _serve(request: Request, body: dict[str, object], upstream: UpstreamRe
     body, load_ns = upstream.body, None
     while True:
         payload = orjson.dumps(body)
-        opening = gateway.open(model, upstream.path, payload, keep_alive=keep_alive, num_ctx=num_ctx)
+        opening = gateway.open(model, upstream.path, payload, keep_alive=keep_alive, num_ctx=num_ctx,
+                               options=upstream.runner)
         exchange = await unless_disconnected(request, opening)
         if load_ns is None:  # the first try's: it waited for the load
             load_ns = int(exchange.lease.load_duration * 1e9)

@@ -7,6 +7,8 @@ manifest's hex without ``sha256:``, ``/api/show`` always has ``model_info``.
 
 from __future__ import annotations
 
+import asyncio
+
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -214,7 +216,7 @@ async def _describe(services: Services, verbose: bool, resolved: ResolvedModel) 
     if info is not None and info.context_length:
         n_ctx = min(n_ctx, int(info.context_length))
     template = (info.chat_template or "") if info else ""
-    files = services.store.files(stored)
+    files = await asyncio.to_thread(services.store.files, stored)  # may hash a fresh import's blob
     stop = stop_tokens(info) if info is not None else []
     extras = read_extras(services.store.layout, stored)  # a derived model's system, parameters, ...
     parameters = parameters_text(n_ctx, stop, extras.parameters)
