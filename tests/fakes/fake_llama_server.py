@@ -32,7 +32,7 @@ Environment variables:
     FAKE_SPLIT_BYTES=1         write every SSE event as two HTTP chunks with a short pause between, cut
                                inside the first multi-byte UTF-8 character (or mid-event if none), so a
                                client sees a character split across network reads.
-    FAKE_TOOL_CALL=JSON        ``{"name": ..., "arguments": {...}}``: a chat request that carries ``tools``
+    FAKE_TOOL_CALL=JSON        ``{"name": ..., "arguments": {...}}``: a chat (or Responses) request with tools
                                and whose last message is not a ``tool`` result is answered with this one
                                tool call (id ``call_fake0001``, ``finish_reason: "tool_calls"``); streamed,
                                its ``arguments`` string is spread over three chunks as llama-server does.
@@ -42,7 +42,8 @@ Environment variables:
                                ``/v1/messages`` stream without ``message_start``, a ``/v1/responses`` stream
                                without ``response.created``.
     FAKE_TOOL_ARGS_OBJECT=1    FAKE_TOOL_CALL's ``function.arguments`` as a JSON object instead of a string
-                               (some llama-server builds), streamed in one chunk.
+                               (some llama-server builds), streamed in one chunk; on ``/v1/responses`` (a
+                               request with ``tools``) the ``function_call`` item's ``arguments``.
     FAKE_CREATED_STEP=1        every chunk of a stream carries a ``created`` one second later than the one
                                before (llama-server stamps each chunk with the time it was made).
     FAKE_PER_MODEL=JSON        per-model overrides of these variables, ``{"KEY": {"FAKE_X": "v"}}``: an
@@ -444,6 +445,28 @@ class Handler(BaseHTTPRequestHandler):
                 ("response.output_item.done", {"type": "response.output_item.done", "item": done}),
                 ("response.completed", {"type": "response.completed", "response": whole}),
             ]  # fmt: skip
+            items = body.get("input") if isinstance(body.get("input"), list) else [{}]
+            last = items[-1] if items and isinstance(items[-1], dict) else {}
+            if TOOL_CALL is not None and body.get("tools") and last.get("type") != "function_call_output":
+                args = TOOL_CALL.get("arguments", {})
+                text_args = json.dumps(args)
+                call = {"type": "function_call", "id": f"fc_{key}", "call_id": "call_fake0001",
+                        "name": TOOL_CALL["name"], "status": "completed",
+                        "arguments": args if ARGS_OBJECT else text_args}  # fmt: skip
+                whole = {**whole, "output": [call]}
+                added = {**call, "arguments": "", "status": "in_progress"}
+                events = [*events[:2],
+                          ("response.output_item.added", {"type": "response.output_item.added",
+                                                          "item": added}),
+                          ("response.function_call_arguments.delta", {
+                              "type": "response.function_call_arguments.delta", "item_id": call["id"],
+                              "delta": text_args}),
+                          ("response.function_call_arguments.done", {
+                              "type": "response.function_call_arguments.done", "item_id": call["id"],
+                              "arguments": call["arguments"]}),
+                          ("response.output_item.done", {"type": "response.output_item.done", "item": call}),
+                          ("response.completed", {"type": "response.completed",
+                                                  "response": whole})]  # fmt: skip
         if not body.get("stream"):
             return self.send_json(200, whole)
         self.send_response(200)

@@ -7,7 +7,8 @@ slips, each on a model of its own (``FAKE_PER_MODEL``):
   carry ``role: "assistant"``, a Responses stream begin with ``response.created``;
 * ``ticker``: every chunk a second later (``FAKE_CREATED_STEP``): ``created`` stays the first chunk's;
 * ``toolie``: tool-call ``arguments`` as a JSON object (``FAKE_TOOL_ARGS_OBJECT``): a string on the OpenAI
-  route, the object on ``/api/chat``, streamed and not, with ids; replayed history in either form.
+  routes (chat and Responses), the object on ``/api/chat``, streamed and not, with ids; replayed history in
+  either form.
 
 Every test runs ``[local]`` (the node) and ``[hop]`` (through ``front``, an empty daemon on 127.0.0.2
 whose one peer is the node). Every streamed answer, in every dialect, carries ``X-Accel-Buffering: no``
@@ -157,6 +158,21 @@ def test_openai_tool_arguments_are_a_string_streamed_and_not(url: str) -> None:
     r = httpx.post(url + "/v1/chat/completions", timeout=60,
                    json={"model": "toolie", "messages": history, "tools": TOOLS})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == REPLY
+
+
+def test_responses_tool_arguments_are_a_string_streamed_and_not(url: str) -> None:
+    client = closed_after_test(openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0))
+    parameters = TOOLS[0]["function"]["parameters"]
+    tools: Any = [{"type": "function", "name": "get_weather", "parameters": parameters}]
+    whole = client.responses.create(model="toolie", input="Weather in Paris?", tools=tools)
+    (call,) = whole.output
+    assert call.type == "function_call" and json.loads(call.arguments) == CALL["arguments"]
+    events = list(client.responses.create(model="toolie", input="Weather in Paris?", tools=tools,
+                                          stream=True))
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    items = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [json.loads(e.arguments) for e in done] == [CALL["arguments"]]
+    assert [json.loads(i.arguments) for i in items] == [CALL["arguments"]]  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("stream", [False, True])
