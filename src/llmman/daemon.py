@@ -30,6 +30,7 @@ from llmman.api.app import build_app
 from llmman.api.limits import header_timeout_protocol
 from llmman.api.services import Services
 from llmman.cluster.peers import Peers, parse_peers
+from llmman.config.model_dirs import ModelDirs
 from llmman.config.presets import device_env
 from llmman.config.settings import Settings
 from llmman.config.table import check_keys
@@ -256,7 +257,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
     preload_tasks = [asyncio.create_task(_preload(gateway, name)) for name in preloads]
     peers.start()  # the background refresh of the peers' state; peers.close() below stops it
     if settings.scan_dirs:  # store.scan_dirs: imported in the background, the daemon answers meanwhile
-        _start_scan(store, settings.scan_dirs)
+        _start_scan(store, settings.scan_dirs, settings.environment.model_dirs)
     try:
         await server.serve()
     finally:
@@ -273,14 +274,13 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
     return 0 if server.started else 1
 
 
-def _start_scan(store: Store, entries: tuple[str, ...]) -> None:
+def _start_scan(store: Store, entries: tuple[str, ...], dirs: ModelDirs) -> None:
     """Import the models of ``store.scan_dirs`` in a daemon thread (llmman.store.imports.scan)."""
     import threading
 
-    from llmman.config.model_dirs import model_dirs
     from llmman.store.imports.scan import import_scan_dirs
 
-    threading.Thread(target=import_scan_dirs, args=(store, entries, model_dirs()), name="llmman-scan",
+    threading.Thread(target=import_scan_dirs, args=(store, entries, dirs), name="llmman-scan",
                      daemon=True).start()
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llmman.config.model_dirs import KEYWORDS, model_dirs
+from llmman.config.model_dirs import KEYWORDS
 from llmman.config.settings import Settings
 from llmman.store import Store
 from llmman.store.imports import Outcome, discover_sources, import_all, sources_of
@@ -44,7 +44,7 @@ def _line(outcome: Outcome) -> None:
 def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     """Find the models SOURCE names and import them into the store (see the module docstring)."""
     words = list(args.sources or [])
-    sources = sources_of(words, model_dirs())
+    sources = sources_of(words, settings.environment.model_dirs)
     if not sources:
         print(f"no model folders found (looked for {', '.join(KEYWORDS)})")
         return 0

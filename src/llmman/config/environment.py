@@ -3,9 +3,11 @@
 ``PATH`` (where ``llama-server`` is searched), ``HF_ENDPOINT`` and ``HF_TOKEN_PATH``/``HF_HOME``
 (Hugging Face's endpoint and token file, as ``huggingface_hub`` reads them) and ``DOCKER_CONFIG``
 (Docker's ``config.json``, for registry credentials), ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``
-(the GPUs the daemon may use). They have no config-file key and no ``config list``
-row; :func:`llmman.config.settings.load_settings` reads them from the same environment as the settings
-and hands them on as :attr:`Settings.environment`, so no other module looks at ``os.environ``.
+(the GPUs the daemon may use), and the model folders of Ollama, Hugging Face, llama.cpp and LM
+Studio (``OLLAMA_MODELS``, ``HF_HUB_CACHE``, ``LLAMA_CACHE``). They have no config-file key and no
+``config list`` row; :func:`llmman.config.settings.load_settings` reads them from the same environment
+as the settings and hands them on as :attr:`Settings.environment`, so no other module looks at
+``os.environ``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["HF_DEFAULT_ENDPOINT", "Environment", "read_environment"]
+from llmman.config.model_dirs import ModelDirs, home, model_dirs
+
+__all__ = ["HF_DEFAULT_ENDPOINT", "Environment", "home", "read_environment"]
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
 VISIBLE_DEVICES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -34,6 +38,9 @@ class Environment:
             ``~/.docker/config.json``.
         visible_devices: the daemon's own ``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` (those set),
             which limit the GPUs llmman discovers (llmman.sched.gpu.discover).
+        model_dirs: where Ollama, Hugging Face, llama.cpp and LM Studio keep their models
+            (``OLLAMA_MODELS``, ``HF_HUB_CACHE``/``HF_HOME``, ``LLAMA_CACHE``; llmman.config.model_dirs),
+            the folders ``llmman import`` reads by keyword.
     """
 
     path: str
@@ -41,12 +48,7 @@ class Environment:
     hf_token_path: Path
     docker_config: Path
     visible_devices: Mapping[str, str] = field(default_factory=dict)
-
-
-def home(env: Mapping[str, str]) -> Path:
-    """``$HOME``, else the account's home directory."""
-    value = env.get("HOME")
-    return Path(value) if value else Path.home()
+    model_dirs: ModelDirs = field(default_factory=lambda: model_dirs({}))
 
 
 def _path(text: str, env: Mapping[str, str]) -> Path:
@@ -69,4 +71,5 @@ def read_environment(env: Mapping[str, str]) -> Environment:
         hf_token_path=token,
         docker_config=docker / "config.json",
         visible_devices={k: env[k] for k in VISIBLE_DEVICES if k in env},
+        model_dirs=model_dirs(env),
     )

@@ -13,20 +13,17 @@ unset):
   (llama.cpp's ``fs_get_cache_directory`` on Linux).
 * ``lmstudio``: ``~/.lmstudio/models`` and the older ``~/.cache/lm-studio/models``.
 
-:func:`model_dirs` is the one reader; the default environment is the process's own, the one
-:func:`llmman.config.settings.load_settings` reads.
+:func:`model_dirs` is the one reader, called by :func:`llmman.config.environment.read_environment` with
+the environment the settings are read from: everyone else takes ``settings.environment.model_dirs``.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmman.config.environment import home
-
-__all__ = ["KEYWORDS", "ModelDirs", "model_dirs"]
+__all__ = ["KEYWORDS", "ModelDirs", "home", "model_dirs"]
 
 OLLAMA_SERVICE_MODELS = Path("/usr/share/ollama/.ollama/models")
 KEYWORDS = ("ollama", "hf", "llama.cpp", "lmstudio")  # the SOURCE keywords of ``llmman import``
@@ -48,15 +45,20 @@ class ModelDirs:
         return table[keyword]
 
 
+def home(env: Mapping[str, str]) -> Path:
+    """``$HOME``, else the account's home directory."""
+    value = env.get("HOME")
+    return Path(value) if value else Path.home()
+
+
 def _expand(text: str, env: Mapping[str, str]) -> Path:
     if text == "~" or text.startswith("~/"):
         return home(env) / text[2:]
     return Path(text)
 
 
-def model_dirs(env: Mapping[str, str] | None = None) -> ModelDirs:
-    """The :class:`ModelDirs` that ``env`` (default ``os.environ``) describes."""
-    env = os.environ if env is None else env
+def model_dirs(env: Mapping[str, str]) -> ModelDirs:
+    """The :class:`ModelDirs` that ``env`` describes."""
     user = home(env)
     cache = _expand(env.get("XDG_CACHE_HOME") or "~/.cache", env)
     hf_home = _expand(env["HF_HOME"], env) if env.get("HF_HOME") else cache / "huggingface"
