@@ -128,6 +128,8 @@ async def run(request: Request, call: Call) -> Response:
             response.headers[NODE] = header_value(own)
         served = Served(model, "hop" if where.hop else "local", response.headers.get(NODE) or own,
                         call.conversation)
+    if not services.obs.active:  # metrics.collect and log.requests off: the answer as it is, unwatched
+        return response
     return Observed(response, request, services.obs, watch, served)
 
 
