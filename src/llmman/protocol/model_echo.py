@@ -38,7 +38,15 @@ def rewrite_chunk(carry: bytes, chunk: bytes, old: bytes, new: bytes) -> tuple[b
         parts += [buf[pos:found], new]
         pos = found + len(old)
     rest = buf[pos:]
-    held = next((k for k in range(min(len(old) - 1, len(rest)), 0, -1) if rest.endswith(old[:k])), 0)
+    held = 0
+    # The held tail starts with old's first byte within the last len(old) - 1 bytes: only those places
+    # are tried, the earliest first (the longest tail), so a chunk ending "}\n\n" costs one find.
+    at = rest.find(old[:1], max(0, len(rest) - len(old) + 1))
+    while at != -1:
+        if old.startswith(rest[at:]):
+            held = len(rest) - at
+            break
+        at = rest.find(old[:1], at + 1)
     parts.append(rest[: len(rest) - held])
     return b"".join(parts), rest[len(rest) - held:]
 

@@ -41,9 +41,11 @@ __all__ = ["Kind", "OpenAIStream", "fix_arguments", "stringify_arguments"]
 
 _END = b"\n\n"
 # llama-server writes compact JSON; a space after the colon is allowed for other writers.
+_ARGUMENTS = b'"arguments":'
 _ARGS_OBJECT = re.compile(rb'"arguments":\s*\{')
 _CREATED = b'"created":'
 _CREATED_VALUE = re.compile(rb'"created":\s*(\d+)')
+_USAGE_KEY = b'"usage":'
 _USAGE = re.compile(rb'"usage":\s*\{')
 #: A chunk's identity, copied onto a chunk made here.
 _IDS = ("id", "created", "model", "system_fingerprint", "object")
@@ -160,10 +162,12 @@ class OpenAIStream:
     def _events(self, whole: bytes) -> bytes:
         if not self._started:
             whole = self._start(whole)
-        if self._created is not None and _CREATED in whole and any(
-                value != self._created for value in _CREATED_VALUE.findall(whole)):
+        created = self._created
+        if created is not None and whole.count(_CREATED) != whole.count(_CREATED + created) and any(
+                value != created for value in _CREATED_VALUE.findall(whole)):  # counts first: C speed
             whole = _CREATED_VALUE.sub(self._same_created, whole)
-        if _ARGS_OBJECT.search(whole) or (self.usage_chunk and _USAGE.search(whole)):
+        if (_ARGUMENTS in whole and _ARGS_OBJECT.search(whole)) or (
+                self.usage_chunk and _USAGE_KEY in whole and _USAGE.search(whole)):
             whole = b"".join(self._fix_event(event + _END) for event in whole.split(_END) if event)
         return whole
 
