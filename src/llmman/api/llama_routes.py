@@ -23,7 +23,7 @@ from llmman.errors import BadRequest, UpstreamError
 from llmman.gateway import ResolvedModel
 from llmman.protocol.capabilities import capability_error
 from llmman.protocol.errors import dialect_of, upstream_text
-from llmman.protocol.llama_routes import RERANK_PATHS, reranking_error, reranks
+from llmman.protocol.llama_routes import RERANK_PATHS, detokenize_error, reranking_error, reranks
 from llmman.protocol.ollama.fields import parse_json_body, require_model
 
 
@@ -32,7 +32,8 @@ async def llama_route(request: Request) -> Response:
 
     Raises:
         BadRequest: no JSON object body, no ``model``; ``/infill`` for a model without FIM tokens
-            (the ``insert`` capability); reranking for a model that is not a reranker.
+            (the ``insert`` capability); reranking for a model that is not a reranker; ``/detokenize`` of
+            an id outside the model's vocabulary.
     """
     raw = await request.body()
     body = parse_json_body(raw)
@@ -48,6 +49,8 @@ async def llama_route(request: Request) -> Response:
         if path == "/infill" and (missing := capability_error(name, "generate", ("insert",),
                                                               info.capabilities)):
             raise BadRequest(missing)
+        if path == "/detokenize" and (wrong := detokenize_error(body.get("tokens"), info.metadata)):
+            raise BadRequest(wrong)
         content_type = request.headers.get("content-type", "application/json")
         opening = services.gateway.open(model, path, raw, content_type=content_type, embedding=rerank)
         exchange = await unless_disconnected(request, opening)

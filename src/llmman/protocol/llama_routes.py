@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["CHAT_CHILD_PATHS", "RANK_POOLING", "RERANK_PATHS", "reranking_error", "reranks"]
+from llmman.gguf.types import ArraySummary
+
+__all__ = [
+    "CHAT_CHILD_PATHS", "RANK_POOLING", "RERANK_PATHS", "detokenize_error", "reranking_error", "reranks",
+]
 
 #: Routes served by the model's chat child (``/infill`` needs the ``insert`` capability).
 CHAT_CHILD_PATHS = ("/tokenize", "/detokenize", "/apply-template", "/infill")
@@ -29,3 +33,18 @@ def reranking_error(model: str) -> str:
     """The refusal of a rerank request to a model that is not a reranker."""
     return (f"{model} does not support reranking: it is not a reranking model (its GGUF's pooling type "
             "is not rank)")
+
+
+def detokenize_error(tokens: object, metadata: Mapping[str, object]) -> str | None:
+    """Why a ``/detokenize`` body's ``tokens`` names an id outside the model's vocabulary (the GGUF's
+    ``tokenizer.ggml.tokens``), or None. llama-server answers such an id with a 500 (a C++ range check);
+    it is the client's mistake, so llmman answers 400 before the child sees it. Anything else about
+    ``tokens`` (not a list, not numbers) is left to llama-server, which already answers 400."""
+    vocab = metadata.get("tokenizer.ggml.tokens")
+    size = vocab.count if isinstance(vocab, ArraySummary) else len(vocab) if isinstance(vocab, list) else None
+    if size is None or not isinstance(tokens, list):
+        return None
+    for token in tokens:
+        if isinstance(token, int | float) and not isinstance(token, bool) and not 0 <= token < size:
+            return f"token {token} is not in the model's vocabulary (ids 0 to {size - 1})"
+    return None

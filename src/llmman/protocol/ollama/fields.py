@@ -171,7 +171,7 @@ def runner_options(options: object) -> RunnerOptions:
     Raises:
         BadRequest: a wrong type, like :func:`options_to_sampling`; a value llama-server cannot take:
             ``option "num_batch" must be at least 1, got 0`` (also num_gpu below -1, main_gpu below 0,
-            num_thread below 0).
+            num_thread below 0 or above :data:`MAX_THREADS`).
     """
     values = {
         key: _check(key, value, _RUNNER[key])
@@ -214,13 +214,23 @@ _LEAST: Final[dict[str, tuple[int, str]]] = {
 }
 
 
+#: The most threads a llama-server child may be asked for: ggml's ``GGML_MAX_N_THREADS``. Far more (e.g.
+#: 100 000) kills the child with a segmentation fault while it loads, and that failure would hold the model
+#: back (the scheduler's retry pause) for every other client too.
+MAX_THREADS: Final = 512
+
+
 def _check_ranges(values: dict[str, object]) -> None:
-    """Refuse load options llama-server cannot take (a negative batch, GPU or thread count)."""
+    """Refuse load options llama-server cannot take (a negative batch, GPU or thread count; more threads
+    than :data:`MAX_THREADS`)."""
     for key, (least, words) in _LEAST.items():
         value = values.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value != _AUTO_WHEN.get(key) \
                 and value < least:
             raise BadRequest(f'option "{key}" must be {words}, got {value}')
+    threads = values.get("num_thread")
+    if isinstance(threads, int) and threads > MAX_THREADS:
+        raise BadRequest(f'option "num_thread" must be at most {MAX_THREADS}, got {threads}')
 
 
 def unknown_options(options: object) -> tuple[str, ...]:

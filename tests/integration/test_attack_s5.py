@@ -1,0 +1,86 @@
+"""Attacks on this session's routes and load options with real daemons and the real llama-server
+(helper H9): what a hostile or careless client sends gets a clear 400 in its dialect, no child is started
+for it, and the model stays usable for everyone else, on the node that stores the model and through a
+hop (a front node storing nothing forwards to it)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from llmman.refs import parse_reference
+from llmman.store import Store
+from tests.integration.daemons import Daemon, free_port, start_daemon
+
+pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(300)]
+
+
+@dataclass
+class Nodes:
+    back: Daemon  # stores the model
+    front: Daemon  # stores nothing: its requests are forwarded to ``back`` (a hop)
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
+    model = os.environ.get("LLMMAN_TEST_MODEL")
+    if not model:
+        pytest.skip("LLMMAN_TEST_MODEL is not set")
+    hosts = "127.0.0.61", "127.0.0.62"
+    ports = free_port(hosts[0]), free_port(hosts[1])
+    back_tmp, front_tmp = tmp_path_factory.mktemp("back"), tmp_path_factory.mktemp("front")
+    Store(back_tmp / "store").build(parse_reference("smollm2:135m"), Path(model))
+    back = start_daemon(back_tmp, host=hosts[1], port=ports[1],
+                        extra_env={"LLMMAN_PEERS": f"{hosts[0]}:{ports[0]}"})
+    try:
+        front = start_daemon(front_tmp, host=hosts[0], port=ports[0],
+                             extra_env={"LLMMAN_PEERS": f"{hosts[1]}:{ports[1]}"})
+        try:
+            yield Nodes(back, front)
+        finally:
+            front.stop()
+    finally:
+        back.stop()
+
+
+def ollama(d: Daemon, route: str, options: dict[str, Any]) -> httpx.Response:
+    body: dict[str, Any] = {"model": "smollm2:135m", "stream": False,
+                            "options": {"num_predict": 2, **options}}
+    if route == "/api/chat":
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "hi"
+    return httpx.post(d.url + route, json=body, timeout=120)
+
+
+@pytest.mark.parametrize("via", ["back", "front"])
+@pytest.mark.parametrize("route", ["/api/generate", "/api/chat"])
+def test_a_thread_count_that_kills_the_child_is_a_400(nodes: Nodes, via: str, route: str) -> None:
+    """num_thread 100 000 made llama-server die with SIGSEGV while loading: the client got a 500 and
+    every other client a 503 for the model's retry pause. Now it is refused before any load."""
+    before = [c.pid for c in nodes.back.children()]
+    answer = ollama(getattr(nodes, via), route, {"num_thread": 100_000})
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {"error": 'option "num_thread" must be at most 512, got 100000'}
+    assert [c.pid for c in nodes.back.children()] == before  # no load, no reload, nothing killed
+    plain = ollama(getattr(nodes, via), route, {})
+    assert plain.status_code == 200, plain.text  # the model is not held back for anyone
+
+
+@pytest.mark.parametrize("via", ["back", "front"])
+@pytest.mark.parametrize("tokens", [[49152], [-1], [1, 10**12]])
+def test_detokenize_of_ids_outside_the_vocabulary_is_a_400(nodes: Nodes, via: str,
+                                                           tokens: list[int]) -> None:
+    """llama-server answers such ids with a 500 (``vector::_M_range_check``); the client's mistake."""
+    d: Daemon = getattr(nodes, via)
+    answer = httpx.post(d.url + "/detokenize", json={"model": "smollm2:135m", "tokens": tokens}, timeout=120)
+    assert answer.status_code == 400, answer.text
+    assert "is not in the model's vocabulary (ids 0 to 49151)" in answer.json()["error"]
+    ok = httpx.post(d.url + "/detokenize", json={"model": "smollm2:135m", "tokens": [28120]}, timeout=120)
+    assert ok.status_code == 200 and ok.json()["content"], ok.text

@@ -1,0 +1,41 @@
+"""Hostile values found by attacking the session's new routes and load options (helper H9): a thread
+count that kills llama-server while it loads, and ``/detokenize`` ids outside the vocabulary (a 500 from
+the child's C++ range check). Both are the client's mistakes, refused with a 400 before any child runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmman.errors import BadRequest
+from llmman.gguf.types import ArraySummary
+from llmman.protocol.llama_routes import detokenize_error
+from llmman.protocol.ollama.fields import MAX_THREADS, runner_options
+
+VOCAB = {"tokenizer.ggml.tokens": ArraySummary(type=8, count=49152)}
+
+
+@pytest.mark.parametrize("threads", [MAX_THREADS + 1, 100_000, 2**62])
+def test_num_thread_past_ggml_max_is_refused(threads: int) -> None:
+    with pytest.raises(BadRequest, match=f'option "num_thread" must be at most {MAX_THREADS}, got {threads}'):
+        runner_options({"num_thread": threads})
+
+
+def test_num_thread_up_to_ggml_max_is_kept() -> None:
+    assert runner_options({"num_thread": MAX_THREADS}).num_thread == MAX_THREADS
+    assert runner_options({"num_thread": 0}).num_thread is None  # automatic, as before
+
+
+@pytest.mark.parametrize("tokens", [[49152], [-1], [1, 2, 10**12], [1.0, 49152.5], [-0.5]])
+def test_detokenize_ids_outside_the_vocabulary(tokens: list[object]) -> None:
+    message = detokenize_error(tokens, VOCAB)
+    assert message is not None and "ids 0 to 49151" in message
+
+
+@pytest.mark.parametrize("tokens", [[], [0, 49151], [1.5], "abc", None, [True], [[1, "piece"]]])
+def test_detokenize_leaves_the_rest_to_llama_server(tokens: object) -> None:
+    assert detokenize_error(tokens, VOCAB) is None
+
+
+def test_detokenize_without_a_known_vocabulary_checks_nothing() -> None:
+    assert detokenize_error([10**12], {}) is None
+    assert detokenize_error([3], {"tokenizer.ggml.tokens": ["a", "b", "c"]}) is not None
