@@ -1,11 +1,16 @@
-"""Hostile values found by attacking the session's new routes and load options (helper H9): a thread
-count that kills llama-server while it loads, and ``/detokenize`` ids outside the vocabulary (a 500 from
-the child's C++ range check). Both are the client's mistakes, refused with a 400 before any child runs."""
+"""Hostile values found by attacking the session's new routes, load options and Modelfiles (helper H9):
+a thread count that kills llama-server while it loads and ``/detokenize`` ids outside the vocabulary (a
+500 from the child's C++ range check), both the client's mistakes refused with a 400 before any child
+runs; a ``PARAMETER`` number too long for Python's int() (a traceback from ``llmman create`` and the
+REPL's ``/set parameter``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from llmman.cli.modelfile import create_body, parameter_value, parse_modelfile
 from llmman.errors import BadRequest
 from llmman.gguf.types import ArraySummary
 from llmman.protocol.llama_routes import detokenize_error
@@ -39,3 +44,18 @@ def test_detokenize_leaves_the_rest_to_llama_server(tokens: object) -> None:
 def test_detokenize_without_a_known_vocabulary_checks_nothing() -> None:
     assert detokenize_error([10**12], {}) is None
     assert detokenize_error([3], {"tokenizer.ggml.tokens": ["a", "b", "c"]}) is not None
+
+
+@pytest.mark.parametrize("text", ["9" * 5000, "-" + "1" * 100_000, "1e999", "-1e999", "9" * 400 + ".5"])
+def test_a_parameter_number_too_long_or_large_stays_text(text: str) -> None:
+    assert parameter_value(text) == text  # the daemon's type check names it; no ValueError, no inf
+
+
+def test_a_parameter_number_of_normal_length_is_a_number() -> None:
+    assert parameter_value("9" * 40) == int("9" * 40)  # the daemon says it is out of range
+    assert parameter_value("0.5") == 0.5 and parameter_value("true") is True
+
+
+def test_a_modelfile_with_a_huge_number_parses() -> None:
+    request = create_body(parse_modelfile("FROM x\nPARAMETER num_ctx " + "9" * 5000 + "\n"), Path("."))
+    assert request.body["parameters"] == {"num_ctx": "9" * 5000}

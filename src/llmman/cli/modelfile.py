@@ -23,6 +23,7 @@ it looks like one.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,13 +161,18 @@ def parse_modelfile(text: str) -> list[Instruction]:
 
 def parameter_value(text: str) -> object:
     """A parameter's value as JSON: ``true``/``false`` a boolean, an integer or a decimal number a
-    number, anything else the text (the daemon says when a type is wrong)."""
+    number, anything else the text (the daemon says when a type is wrong). A number too long for Python
+    to convert (past 4300 digits) or too large for a float stays text too, so the daemon's refusal names
+    it instead of the command failing with a traceback."""
     if text in ("true", "false"):
         return text == "true"
-    if _INT.fullmatch(text):
-        return int(text)
-    if _FLOAT.fullmatch(text):
-        return float(text)
+    try:
+        if _INT.fullmatch(text):
+            return int(text)
+        if _FLOAT.fullmatch(text) and math.isfinite(number := float(text)):
+            return number
+    except ValueError:  # int(): more digits than sys.get_int_max_str_digits()
+        pass
     return text
 
 
