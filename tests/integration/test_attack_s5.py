@@ -6,6 +6,8 @@ hop (a front node storing nothing forwards to it)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,3 +86,22 @@ def test_detokenize_of_ids_outside_the_vocabulary_is_a_400(nodes: Nodes, via: st
     assert "is not in the model's vocabulary (ids 0 to 49151)" in answer.json()["error"]
     ok = httpx.post(d.url + "/detokenize", json={"model": "smollm2:135m", "tokens": [28120]}, timeout=120)
     assert ok.status_code == 200 and ok.json()["content"], ok.text
+
+
+def test_create_from_a_file_that_is_not_gguf_uploads_nothing(nodes: Nodes, tmp_path: Path) -> None:
+    """``FROM /etc/shadow``: the CLI hashed and uploaded the file to the daemon's store (a world-readable
+    blob) before the daemon said it held no GGUF. Now the CLI refuses it and sends nothing."""
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$attack-s5-secret:19000:0:99999:7:::\n")
+    (tmp_path / "Modelfile").write_text(f"FROM {secret}\n")
+    blobs = nodes.back.store / "blobs" / "sha256"
+    before = set(blobs.iterdir())
+    command = [sys.executable, "-m", "llmman", "create", "stolen:1", "-f", str(tmp_path / "Modelfile")]
+    done = subprocess.run(command, env=nodes.back.env, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{secret}: not a GGUF file" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert set(blobs.iterdir()) == before
+    assert not any("attack-s5-secret" in p.read_text(errors="replace") for p in blobs.iterdir()
+                   if p.stat().st_size < 4096)

@@ -2,7 +2,8 @@
 a thread count that kills llama-server while it loads and ``/detokenize`` ids outside the vocabulary (a
 500 from the child's C++ range check), both the client's mistakes refused with a 400 before any child
 runs; a ``PARAMETER`` number too long for Python's int() (a traceback from ``llmman create`` and the
-REPL's ``/set parameter``)."""
+REPL's ``/set parameter``); ``FROM`` a local file that is not a GGUF (its bytes were uploaded to the
+daemon's store before the daemon refused it)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,18 @@ def test_a_parameter_number_of_normal_length_is_a_number() -> None:
 def test_a_modelfile_with_a_huge_number_parses() -> None:
     request = create_body(parse_modelfile("FROM x\nPARAMETER num_ctx " + "9" * 5000 + "\n"), Path("."))
     assert request.body["parameters"] == {"num_ctx": "9" * 5000}
+
+
+@pytest.mark.parametrize("content", [b"root:$6$secret:19000:0:99999:7:::\n", b"", b"GGU"])
+def test_from_a_file_that_is_not_gguf_is_refused_before_upload(tmp_path: Path, content: bytes) -> None:
+    secret = tmp_path / "shadow"
+    secret.write_bytes(content)
+    with pytest.raises(BadRequest, match="shadow: not a GGUF file"):
+        create_body(parse_modelfile(f"FROM {secret}\n"), tmp_path)
+
+
+def test_from_a_folder_with_a_gguf_name_that_is_not_gguf_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    (tmp_path / "b.gguf").write_text("secret notes")
+    with pytest.raises(BadRequest, match=r"b\.gguf: not a GGUF file"):
+        create_body(parse_modelfile("FROM .\n"), tmp_path)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from llmman.errors import BadRequest
+from llmman.store.imports.found import is_gguf
 
 __all__ = ["CreateRequest", "Instruction", "ModelfileError", "check_template", "create_body",
            "parameter_value", "parse_modelfile"]
@@ -203,18 +204,27 @@ def _refusal(instruction: Instruction) -> str | None:
 
 def _local(source: str, base: Path) -> list[Path] | None:
     """The GGUF files ``FROM source`` names on this machine (a file, or a folder's ``*.gguf``), or None
-    when nothing is there (then it is a model name)."""
+    when nothing is there (then it is a model name). Each must begin with the GGUF magic: any other file
+    (``FROM /etc/shadow``) is refused here, before its bytes are uploaded to the daemon's store.
+
+    Raises:
+        BadRequest: a folder without a GGUF file; a file that is not a readable GGUF.
+    """
     path = Path(source).expanduser()
     if not path.is_absolute():
         path = base / path
     if path.is_file():
-        return [path]
-    if path.is_dir():
+        files = [path]
+    elif path.is_dir():
         files = sorted(p for p in path.glob("*.gguf") if p.is_file())
         if not files:
             raise BadRequest(f"{source}: no GGUF file in this folder")
-        return files
-    return None
+    else:
+        return None
+    for file in files:
+        if not is_gguf(file):
+            raise BadRequest(f"{file}: not a GGUF file (or not readable)")
+    return files
 
 
 def create_body(instructions: list[Instruction], base: Path) -> CreateRequest:
