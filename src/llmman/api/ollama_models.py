@@ -8,7 +8,6 @@ manifest's hex without ``sha256:``, ``/api/show`` always has ``model_info``.
 from __future__ import annotations
 
 import asyncio
-
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
