@@ -19,6 +19,7 @@ import pytest
 from llmman.refs import parse_reference
 from llmman.store import Store
 from tests.integration.daemons import Daemon, free_port, start_daemon
+from tests.integration.derived_ggufs import RERANK_NAME, write_rerank_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -37,7 +38,10 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     hosts = "127.0.0.61", "127.0.0.62"
     ports = free_port(hosts[0]), free_port(hosts[1])
     back_tmp, front_tmp = tmp_path_factory.mktemp("back"), tmp_path_factory.mktemp("front")
-    Store(back_tmp / "store").build(parse_reference("smollm2:135m"), Path(model))
+    store = Store(back_tmp / "store")
+    store.build(parse_reference("smollm2:135m"), Path(model))
+    store.build(parse_reference(RERANK_NAME), write_rerank_model(Path(model), back_tmp / "rerank.gguf"))
+    (back_tmp / "rerank.gguf").unlink()
     back = start_daemon(back_tmp, host=hosts[1], port=ports[1],
                         extra_env={"LLMMAN_PEERS": f"{hosts[0]}:{ports[0]}"})
     try:
@@ -105,3 +109,21 @@ def test_create_from_a_file_that_is_not_gguf_uploads_nothing(nodes: Nodes, tmp_p
     assert set(blobs.iterdir()) == before
     assert not any("attack-s5-secret" in p.read_text(errors="replace") for p in blobs.iterdir()
                    if p.stat().st_size < 4096)
+
+
+@pytest.mark.parametrize("via", ["back", "front"])
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank"])
+@pytest.mark.parametrize("top_n", [-1, 2**31, 2**40])
+def test_a_rerank_top_n_llama_server_cannot_hold_is_a_400(nodes: Nodes, via: str, path: str,
+                                                          top_n: int) -> None:
+    """llama-server keeps top_n in a 32-bit int: -1 and 2**31 were a 500 (``vector::_M_default_append``),
+    2**40 wrapped to 0 and answered no results."""
+    d: Daemon = getattr(nodes, via)
+    body = {"model": RERANK_NAME, "query": "a cat", "documents": ["a cat is an animal", "Paris is a city"]}
+    answer = httpx.post(d.url + path, json={**body, "top_n": top_n}, timeout=120)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    message = error["message"] if path.startswith("/v1/") else error  # OpenAI's shape there, else Ollama's
+    assert message == f"top_n must be between 0 and {2**31 - 1}, got {top_n}"
+    ok = httpx.post(d.url + path, json={**body, "top_n": 5}, timeout=120)
+    assert ok.status_code == 200 and len(ok.json()["results"]) == 2, ok.text

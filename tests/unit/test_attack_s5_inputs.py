@@ -1,9 +1,9 @@
 """Hostile values found by attacking the session's new routes, load options and Modelfiles (helper H9):
-a thread count that kills llama-server while it loads and ``/detokenize`` ids outside the vocabulary (a
-500 from the child's C++ range check), both the client's mistakes refused with a 400 before any child
-runs; a ``PARAMETER`` number too long for Python's int() (a traceback from ``llmman create`` and the
-REPL's ``/set parameter``); ``FROM`` a local file that is not a GGUF (its bytes were uploaded to the
-daemon's store before the daemon refused it)."""
+a thread count that kills llama-server while it loads, ``/detokenize`` ids outside the vocabulary (a 500
+from the child's C++ range check) and a rerank ``top_n`` that llama-server's 32-bit int wraps or cannot
+resize to, all the client's mistakes refused with a 400 before any child runs; a ``PARAMETER`` number too
+long for Python's int() (a traceback from ``llmman create`` and the REPL's ``/set parameter``); ``FROM`` a
+local file that is not a GGUF (its bytes were uploaded to the daemon's store before the daemon refused it)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from llmman.cli.modelfile import create_body, parameter_value, parse_modelfile
 from llmman.errors import BadRequest
 from llmman.gguf.types import ArraySummary
-from llmman.protocol.llama_routes import detokenize_error
+from llmman.protocol.llama_routes import TOP_N_MAX, detokenize_error, top_n_error
 from llmman.protocol.ollama.fields import MAX_THREADS, runner_options
 
 VOCAB = {"tokenizer.ggml.tokens": ArraySummary(type=8, count=49152)}
@@ -75,3 +75,13 @@ def test_from_a_folder_with_a_gguf_name_that_is_not_gguf_is_refused(tmp_path: Pa
     (tmp_path / "b.gguf").write_text("secret notes")
     with pytest.raises(BadRequest, match=r"b\.gguf: not a GGUF file"):
         create_body(parse_modelfile("FROM .\n"), tmp_path)
+
+
+@pytest.mark.parametrize("top_n", [-1, -0.5, TOP_N_MAX + 1, 2**40, 1e300])
+def test_rerank_top_n_llama_server_cannot_hold_is_refused(top_n: float) -> None:
+    assert top_n_error(top_n) == f"top_n must be between 0 and {TOP_N_MAX}, got {top_n}"
+
+
+@pytest.mark.parametrize("top_n", [0, 1, 5, TOP_N_MAX, 1.5, None, "2", True])
+def test_rerank_top_n_llama_server_reads_is_left_alone(top_n: object) -> None:
+    assert top_n_error(top_n) is None

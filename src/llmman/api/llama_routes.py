@@ -23,7 +23,7 @@ from llmman.errors import BadRequest, UpstreamError
 from llmman.gateway import ResolvedModel
 from llmman.protocol.capabilities import capability_error
 from llmman.protocol.errors import dialect_of, upstream_text
-from llmman.protocol.llama_routes import RERANK_PATHS, detokenize_error, reranking_error, reranks
+from llmman.protocol.llama_routes import RERANK_PATHS, detokenize_error, reranking_error, reranks, top_n_error
 from llmman.protocol.ollama.fields import parse_json_body, require_model
 
 
@@ -32,14 +32,16 @@ async def llama_route(request: Request) -> Response:
 
     Raises:
         BadRequest: no JSON object body, no ``model``; ``/infill`` for a model without FIM tokens
-            (the ``insert`` capability); reranking for a model that is not a reranker; ``/detokenize`` of
-            an id outside the model's vocabulary.
+            (the ``insert`` capability); reranking for a model that is not a reranker, or with a
+            ``top_n`` below 0 or past 2**31 - 1; ``/detokenize`` of an id outside the model's vocabulary.
     """
     raw = await request.body()
     body = parse_json_body(raw)
     name = require_model(body)
     path = request.url.path
     rerank = path in RERANK_PATHS
+    if rerank and (wrong_top := top_n_error(body.get("top_n"))):
+        raise BadRequest(wrong_top)  # the same on every node: refused here, before placing it
 
     async def serve(model: ResolvedModel) -> Response:
         services: Services = request.app.state.services

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from llmman.gguf.types import ArraySummary
 
 __all__ = [
-    "CHAT_CHILD_PATHS", "RANK_POOLING", "RERANK_PATHS", "detokenize_error", "reranking_error", "reranks",
+    "CHAT_CHILD_PATHS", "RANK_POOLING", "RERANK_PATHS", "TOP_N_MAX", "detokenize_error", "reranking_error",
+    "reranks", "top_n_error",
 ]
 
 #: Routes served by the model's chat child (``/infill`` needs the ``insert`` capability).
@@ -47,4 +48,18 @@ def detokenize_error(tokens: object, metadata: Mapping[str, object]) -> str | No
     for token in tokens:
         if isinstance(token, int | float) and not isinstance(token, bool) and not 0 <= token < size:
             return f"token {token} is not in the model's vocabulary (ids 0 to {size - 1})"
+    return None
+
+
+#: The most ``top_n`` llama-server reads correctly: it keeps the value in a 32-bit int, so a larger one
+#: wraps (2**40 became 0 results, 2**31 a 500) and a negative one fails its vector resize with a 500.
+TOP_N_MAX = 2**31 - 1
+
+
+def top_n_error(value: object) -> str | None:
+    """Why a rerank body's ``top_n`` is refused (a number below 0 or above :data:`TOP_N_MAX`), or None.
+    One larger than the number of documents is fine (all of them come back, as Cohere's API does); a value
+    of another type is left to llama-server as before."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and not 0 <= value <= TOP_N_MAX:
+        return f"top_n must be between 0 and {TOP_N_MAX}, got {value}"
     return None
