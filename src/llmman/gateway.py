@@ -238,6 +238,17 @@ class Gateway:
             raise ModelNotFound(name, f"pull failed: {exc.strerror or exc}") from exc
         return self.resolve(name)
 
+    def context_for(self, stored: StoredModel, trained: float | None, num_ctx: int | None = None) -> int:
+        """The per-slot context ``stored`` loads with: ``num_ctx`` when given (> 0), else its preset's
+        ``context``, else ``server.context_length``; at most ``trained`` (the GGUF's context) and at least
+        256. The one rule :meth:`plan`, ``/v1/models`` and ``/api/show`` share."""
+        preset = self._presets.get(stored.reference)
+        default_ctx = preset.context if preset and preset.context else self._context_length
+        n_ctx = num_ctx if num_ctx and num_ctx > 0 else default_ctx
+        if trained:
+            n_ctx = min(n_ctx, int(trained))
+        return max(n_ctx, 256)
+
     def plan(self, model: ResolvedModel, num_ctx: int | None = None, *, embedding: bool = False,
              options: RunnerOptions | None = None) -> ModelPlan:
         """Build the scheduler's plan for ``model``: files, size and the per-slot context
@@ -256,12 +267,8 @@ class Gateway:
         files = self.store.files(model.stored)
         info = self.store.info(model.stored)
         preset = self._presets.get(model.stored.reference)
-        default_ctx = preset.context if preset and preset.context else self._context_length
         n_parallel = preset.parallel if preset and preset.parallel else self._num_parallel
-        n_ctx = num_ctx if num_ctx and num_ctx > 0 else default_ctx
-        if info.context_length:
-            n_ctx = min(n_ctx, int(info.context_length))
-        n_ctx = max(n_ctx, 256)
+        n_ctx = self.context_for(model.stored, info.context_length, num_ctx)
         projector = files.mmproj.stat().st_size if files.mmproj and files.mmproj.exists() else 0
         load = LoadOptions(threads=options.num_thread, batch=options.num_batch, main_gpu=options.main_gpu,
                            mmap=options.use_mmap, mlock=options.use_mlock)

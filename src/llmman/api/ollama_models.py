@@ -211,9 +211,7 @@ async def _describe(services: Services, verbose: bool, resolved: ResolvedModel) 
     """``/api/show``'s answer for a model in this node's store."""
     stored = resolved.stored
     info = _info(services, stored)
-    n_ctx = services.settings.context_length
-    if info is not None and info.context_length:
-        n_ctx = min(n_ctx, int(info.context_length))
+    n_ctx = services.gateway.context_for(stored, info.context_length if info is not None else None)
     template = (info.chat_template or "") if info else ""
     files = await asyncio.to_thread(services.store.files, stored)  # may hash a fresh import's blob
     stop = stop_tokens(info) if info is not None else []

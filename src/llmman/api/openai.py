@@ -29,7 +29,6 @@ from llmman.api.inference import Call, run
 from llmman.api.relay import passthrough
 from llmman.api.services import Services
 from llmman.cluster.peers import HOP
-from llmman.config.presets import by_reference
 from llmman.errors import LlmmanError, ModelNotFound
 from llmman.gateway import ResolvedModel
 from llmman.protocol.capabilities import capability_error, openai_chat_needs
@@ -108,19 +107,6 @@ def running_contexts(services: Services) -> dict[str, int]:
     return {snap.reference: snap.n_ctx for snap in services.scheduler.snapshot() if not snap.embedding}
 
 
-def planned_context(services: Services, stored: StoredModel, trained: int | None) -> int:
-    """The per-slot context a model not loaded would load with by default: its preset's ``context``, else
-    ``server.context_length``, at most its trained context and at least 256 (the rule of
-    :meth:`llmman.gateway.Gateway.plan`, without its file checks)."""
-    presets = by_reference(services.settings.presets,
-                           lambda name: str(parse_reference(name, services.settings.aliases)))
-    preset = presets.get(stored.reference)
-    n_ctx = preset.context if preset and preset.context else services.settings.context_length
-    if trained:
-        n_ctx = min(n_ctx, trained)
-    return max(n_ctx, 256)
-
-
 def model_entry(services: Services, stored: StoredModel, running: Mapping[str, int]) -> dict[str, object]:
     """One ``/v1/models`` entry (without ``id``): ``context_length`` (= ``max_model_len``, ``meta.n_ctx``) is
     the context the model runs with when loaded, else the one it would load with; ``meta.n_ctx_train`` the
@@ -130,7 +116,7 @@ def model_entry(services: Services, stored: StoredModel, running: Mapping[str, i
     except Exception:
         trained_raw = None
     trained = int(trained_raw) if trained_raw else None
-    n_ctx = running.get(stored.reference) or planned_context(services, stored, trained)
+    n_ctx = running.get(stored.reference) or services.gateway.context_for(stored, trained)
     meta: dict[str, object] = {"n_ctx": n_ctx}
     if trained:
         meta["n_ctx_train"] = trained
