@@ -607,9 +607,12 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, on_sigterm)
     log("build: 0 (fake) with the standard library")
     log(f"main: fake llama-server, pid {os.getpid()}")
-    server_class = type("Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+    # A listen backlog of 1024 (the standard library's is 5), as llama-server's: 256 streams opened at once
+    # are queued, not refused.
+    server_class = type("Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6,
+                                                           "request_queue_size": 1024})
     if ":" not in settings.host:
-        server_class = ThreadingHTTPServer
+        server_class = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 1024})
     try:
         server = server_class((settings.host, settings.port), Handler)
     except OSError as exc:
