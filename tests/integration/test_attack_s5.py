@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
+import psutil
 import pytest
 
 from llmman.refs import parse_reference
 from llmman.store import Store
 from tests.integration.daemons import Daemon, free_port, start_daemon
-from tests.integration.derived_ggufs import RERANK_NAME, write_rerank_model
+from tests.integration.derived_ggufs import FIM_NAME, RERANK_NAME, write_fim_model, write_rerank_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -42,6 +44,8 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     store.build(parse_reference("smollm2:135m"), Path(model))
     store.build(parse_reference(RERANK_NAME), write_rerank_model(Path(model), back_tmp / "rerank.gguf"))
     (back_tmp / "rerank.gguf").unlink()
+    store.build(parse_reference(FIM_NAME), write_fim_model(Path(model), back_tmp / "fim.gguf"))
+    (back_tmp / "fim.gguf").unlink()
     back = start_daemon(back_tmp, host=hosts[1], port=ports[1],
                         extra_env={"LLMMAN_PEERS": f"{hosts[0]}:{ports[0]}"})
     try:
@@ -127,3 +131,29 @@ def test_a_rerank_top_n_llama_server_cannot_hold_is_a_400(nodes: Nodes, via: str
     assert message == f"top_n must be between 0 and {2**31 - 1}, got {top_n}"
     ok = httpx.post(d.url + path, json={**body, "top_n": 5}, timeout=120)
     assert ok.status_code == 200 and len(ok.json()["results"]) == 2, ok.text
+
+
+@pytest.mark.parametrize("via", ["back", "front"])
+def test_a_child_killed_mid_infill_stream_ends_it_with_an_sse_error_event(nodes: Nodes, via: str) -> None:
+    """kill -9 of the llama-server serving a streamed ``/infill``: the stream is llama-server's SSE, so it
+    must end with a ``data:`` error event an SSE client reads (it ended with an NDJSON line), and the
+    model serves the next request on a new child."""
+    d: Daemon = getattr(nodes, via)
+    body = {"model": FIM_NAME, "input_prefix": "def add(a, b):\n    ", "input_suffix": "\n    return c\n",
+            "n_predict": 400, "stream": True, "temperature": 0}
+    lines: list[str] = []
+    with httpx.stream("POST", d.url + "/infill", json=body, timeout=120) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        for line in answer.iter_lines():
+            lines.append(line)
+            if len([x for x in lines if x.startswith("data: ")]) == 2:
+                for child in nodes.back.children():
+                    if FIM_NAME.split(":")[0] in " ".join(child.cmdline()):
+                        child.send_signal(9)
+    events = [orjson.loads(x[len("data: "):]) for x in lines if x.startswith("data: ")]
+    assert all(not x.startswith("{") for x in lines), lines  # no NDJSON line in an SSE stream
+    assert "error" in events[-1] and "stopped" in events[-1]["error"]["message"], events[-1]
+    again = httpx.post(d.url + "/infill", json={**body, "stream": False, "n_predict": 2}, timeout=120)
+    assert again.status_code == 200, again.text
+    assert all(c.status() != psutil.STATUS_ZOMBIE for c in nodes.back.children())

@@ -14,6 +14,7 @@ import pytest
 from llmman.cli.modelfile import create_body, parameter_value, parse_modelfile
 from llmman.errors import BadRequest
 from llmman.gguf.types import ArraySummary
+from llmman.protocol.errors import Dialect, dialect_of, error_frame, stream_dialect
 from llmman.protocol.llama_routes import TOP_N_MAX, detokenize_error, top_n_error
 from llmman.protocol.ollama.fields import MAX_THREADS, runner_options
 
@@ -85,3 +86,14 @@ def test_rerank_top_n_llama_server_cannot_hold_is_refused(top_n: float) -> None:
 @pytest.mark.parametrize("top_n", [0, 1, 5, TOP_N_MAX, 1.5, None, "2", True])
 def test_rerank_top_n_llama_server_reads_is_left_alone(top_n: object) -> None:
     assert top_n_error(top_n) is None
+
+
+def test_an_infill_stream_ends_with_an_sse_error_event() -> None:
+    """``/infill`` streams llama-server's SSE: its late error is a ``data:`` event, not an NDJSON line
+    (which an SSE client skips, seeing the stream just stop); its errors before the first byte keep
+    Ollama's shape."""
+    assert dialect_of("/infill") is Dialect.OLLAMA
+    assert stream_dialect("/infill") is Dialect.OPENAI
+    assert error_frame(stream_dialect("/infill"), "child died", 502).startswith(b"data: {")
+    assert stream_dialect("/api/generate") is Dialect.OLLAMA
+    assert stream_dialect("/v1/messages") is Dialect.ANTHROPIC

@@ -52,7 +52,7 @@ from llmman.cluster.source import SOURCE, SOURCE_DIGEST
 from llmman.errors import LlmmanError, RunnerError, ServiceUnavailable
 from llmman.gateway import ResolvedModel
 from llmman.obs.stopwatch import Stopwatch
-from llmman.protocol.errors import dialect_of, error_frame, upstream_text
+from llmman.protocol.errors import error_frame, stream_dialect, upstream_text
 from llmman.protocol.openai.shapes import upstream_message
 
 log = logging.getLogger("llmman.api.inference")
@@ -257,7 +257,7 @@ async def _forward(request: Request, services: Services, target: Target, model: 
         return _refusal(path, response, text, target.name)
     log.debug("forwarding %s to %s", path, target.name)
     services.obs.metrics.forwarded(target.name, "ok")
-    dialect = dialect_of(path)
+    dialect = stream_dialect(path)
 
     def broke(why: str) -> None:
         router.failed(target, why)

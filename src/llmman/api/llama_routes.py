@@ -22,7 +22,7 @@ from llmman.api.services import Services
 from llmman.errors import BadRequest, UpstreamError
 from llmman.gateway import ResolvedModel
 from llmman.protocol.capabilities import capability_error
-from llmman.protocol.errors import dialect_of, upstream_text
+from llmman.protocol.errors import stream_dialect, upstream_text
 from llmman.protocol.llama_routes import RERANK_PATHS, detokenize_error, reranking_error, reranks, top_n_error
 from llmman.protocol.ollama.fields import parse_json_body, require_model
 
@@ -59,6 +59,6 @@ async def llama_route(request: Request) -> Response:
         if exchange.status == 501:  # llama-server: "not supported" by this model, the same on every node
             raise UpstreamError(upstream_text(await exchange.read()), 400)
         return await passthrough(request, exchange, stream=body.get("stream") is True,
-                                 dialect=dialect_of(path), requested=name)
+                                 dialect=stream_dialect(path), requested=name)
 
     return await run(request, Call(name, serve))

@@ -11,7 +11,9 @@ after it, one in-band frame ends the stream (Ollama's rule, kept by every dialec
 
 The dialect follows from the path a client called (:func:`dialect_of`): ``/v1/messages…`` is
 Anthropic's, ``/v1/responses…`` the Responses API's, anything else under ``/v1/`` OpenAI's, the rest
-Ollama's. No I/O here.
+Ollama's. A stream's frame follows :func:`stream_dialect`: llama-server's ``/infill`` streams its own SSE, so
+a late failure there is OpenAI's ``data:`` frame although its errors before the first byte are Ollama's.
+No I/O here.
 """
 
 from __future__ import annotations
@@ -44,6 +46,17 @@ def dialect_of(path: str) -> Dialect:
     if path == "/v1/responses" or path.startswith("/v1/responses/"):
         return Dialect.RESPONSES
     return Dialect.OPENAI
+
+
+#: Routes outside ``/v1/`` whose streams are llama-server's SSE (api/llama_routes.py): an NDJSON error line
+#: would be no event to an SSE client, which would see the stream just stop.
+SSE_PATHS = ("/infill",)
+
+
+def stream_dialect(path: str) -> Dialect:
+    """The dialect of the in-band frame that ends a failed stream of the route at ``path``: OpenAI's for
+    :data:`SSE_PATHS` (llama-server's own late-error event), else :func:`dialect_of`."""
+    return Dialect.OPENAI if path in SSE_PATHS else dialect_of(path)
 
 
 def error_document(dialect: Dialect, message: str, status: int, code: str | None = None) -> dict[str, object]:
