@@ -8,6 +8,7 @@ written leaving inference working, and a clean shutdown."""
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,3 +94,20 @@ def test_a_request_log_that_cannot_be_written_leaves_inference_working(tmp_path:
         assert d.stop(signal.SIGTERM) == 0
     log = d.log_text()
     assert "request log: cannot open" in log and "Traceback" not in log
+
+
+def test_a_description_is_not_a_model_request(daemon: Daemon) -> None:
+    """/api/show goes through the pipeline but asks nothing of the model: no request-log row, no request
+    counted, so a model's stats (requests, latency percentiles) are its real requests only."""
+    with daemon.client(timeout=60) as client:
+        assert client.post("/api/show", json={"model": "tiny"}).status_code == 200
+        r = client.post("/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False})
+        assert r.status_code == 200, r.text
+        rows: list[dict[str, object]] = []
+        deadline = time.monotonic() + 30
+        while not rows and time.monotonic() < deadline:  # the writer batches: wait for the generate's row
+            rows = client.get("/llmman/requests", params={"limit": 10}).json()["requests"]
+        assert [row["route"] for row in rows] == ["/api/generate"]
+        got = samples(client.get("/metrics").text)
+        routes = {dict(labels)["route"] for name, labels in got if name == "llmman_requests_total"}
+        assert routes == {"/api/generate"}

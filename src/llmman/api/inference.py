@@ -128,7 +128,9 @@ async def run(request: Request, call: Call) -> Response:
             response.headers[NODE] = header_value(own)
         served = Served(model, "hop" if where.hop else "local", response.headers.get(NODE) or own,
                         call.conversation)
-    if not services.obs.active:  # metrics.collect and log.requests off: the answer as it is, unwatched
+    if not services.obs.active or call.intent is Intent.SHOW:
+        # Observation off (metrics.collect and log.requests), or a description (/api/show) rather than a
+        # request to the model: the answer as it is, unwatched, so stats count only model requests.
         return response
     return Observed(response, request, services.obs, watch, served)
 
