@@ -58,6 +58,9 @@ def test_import_then_the_daemon_lists_and_serves_them(tmp_path: Path, model_file
     assert lines == {OLLAMA_NAME: "imported", HF_NAME: "imported"}, done.stdout
     again = _cli(tmp_path, "import", "ollama", "hf", env=env)
     assert [line.split()[0] for line in again.stdout.splitlines()] == ["unchanged", "unchanged"]
+    dry = _cli(tmp_path, "import", "-n", "ollama", env=env)  # a dry run does not claim to import it again
+    assert [line.split()[0] for line in dry.stdout.splitlines()] == ["present"], dry.stdout
+    assert "1 present" in dry.stderr and "would import" not in dry.stderr
 
     store = Store(tmp_path / "store")
     weights = models / "blobs" / f"sha256-{sha256_file(model_file)}"

@@ -55,7 +55,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         print(f"no models found in {', '.join(str(p) for p, _ in sources)}")
         return 0
     counts = {s: sum(o.state == s for o in outcomes)
-              for s in ("imported", "updated", "unchanged", "would import", "skipped", "failed")}
+              for s in ("imported", "updated", "unchanged", "would import", "present", "skipped", "failed")}
     print(", ".join(f"{n} {s}" for s, n in counts.items() if n or s in ("imported", "skipped")),
           file=sys.stderr)
     return 1 if counts["failed"] else 0

@@ -36,7 +36,7 @@ from llmman.store.imports.found import Found, Part
 
 __all__ = ["Outcome", "State", "import_all", "import_found"]
 
-State = Literal["imported", "updated", "unchanged", "would import", "skipped", "failed"]
+State = Literal["imported", "updated", "unchanged", "would import", "present", "skipped", "failed"]
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,10 @@ def import_found(store: Store, found: Found, *, name: str | None = None, dry_run
     if existing is not None and _origin(existing.manifest) != str(found.source):
         return Outcome(shown, found.source, "skipped", detail="a model of that name is already in the store "
                                                                "(not imported from here): pass --name")
-    if dry_run:
+    if dry_run:  # nothing hashed or linked: an earlier import from here is only named as such
+        if existing is not None:
+            return Outcome(shown, found.source, "present", size=size,
+                           detail="imported from here before (run without -n to pick up a change)")
         return Outcome(shown, found.source, "would import", size=size, detail=notes)
     if existing is not None:
         found = _known(store, found, existing.layers)
