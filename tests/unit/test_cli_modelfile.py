@@ -102,8 +102,11 @@ def test_from_a_local_file_or_folder_is_uploaded_a_name_is_not(tmp_path: Path) -
     folder = create_body(parse_modelfile("FROM models\n"), tmp_path)
     assert [p.name for p in folder.paths] == ["a.gguf", "b.gguf"] and "from" not in folder.body
     assert create_body(parse_modelfile(f"FROM {weights}\n"), Path("/elsewhere")).paths == [weights]
-    named = create_body(parse_modelfile("FROM ./models/c.gguf\n"), tmp_path)  # nothing there: a name
-    assert named.paths == [] and named.body["from"] == "./models/c.gguf"
+    for missing in ("./models/c.gguf", "/nonexistent/x.gguf", "~/nowhere", "c.gguf"):  # a path, nothing there
+        with pytest.raises(BadRequest, match="no such file or folder"):
+            create_body(parse_modelfile(f"FROM {missing}\n"), tmp_path)
+    named = create_body(parse_modelfile("FROM smollm2:135m\n"), tmp_path)  # a name
+    assert named.paths == [] and named.body["from"] == "smollm2:135m"
     (tmp_path / "empty").mkdir()
     with pytest.raises(BadRequest, match="no GGUF file"):
         create_body(parse_modelfile("FROM empty\n"), tmp_path)

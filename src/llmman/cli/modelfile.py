@@ -208,7 +208,8 @@ def _local(source: str, base: Path) -> list[Path] | None:
     (``FROM /etc/shadow``) is refused here, before its bytes are uploaded to the daemon's store.
 
     Raises:
-        BadRequest: a folder without a GGUF file; a file that is not a readable GGUF.
+        BadRequest: a folder without a GGUF file; a file that is not a readable GGUF; a path (``/``,
+            ``./``, ``../``, ``~`` or ``.gguf``) where nothing is.
     """
     path = Path(source).expanduser()
     if not path.is_absolute():
@@ -219,6 +220,8 @@ def _local(source: str, base: Path) -> list[Path] | None:
         files = sorted(p for p in path.glob("*.gguf") if p.is_file())
         if not files:
             raise BadRequest(f"{source}: no GGUF file in this folder")
+    elif source.startswith(("/", "./", "../", "~")) or source.lower().endswith(".gguf"):
+        raise BadRequest(f"{source}: no such file or folder")  # a path, not a model name
     else:
         return None
     for file in files:
