@@ -29,6 +29,8 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from tests.parsing import parse_source
+
 from llmman.config.table import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +102,7 @@ def definitions() -> dict[str, tuple[str, ...]]:
     -> the modules that define it."""
     where: dict[str, list[str]] = {}
     for name, path in sorted(modules().items()):
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        for node in parse_source(path.read_text(encoding="utf-8")).body:
             if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 targets = [node.name]
             elif isinstance(node, ast.Assign):

@@ -13,6 +13,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from tests.parsing import parse_source
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "llmman"
 CONFIG = SRC / "config"
@@ -57,7 +58,7 @@ def scan(source: str, *, may_read: bool) -> list[str]:
         source: a module's text.
         may_read: True for ``llmman.config`` (reads allowed, writes still forbidden).
     """
-    tree = ast.parse(source)
+    tree = parse_source(source)
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     names = _os_names(tree)
     found: list[str] = []

@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from tests.parsing import parse_source
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "llmman"
 
@@ -32,7 +34,7 @@ def _imported() -> dict[str, str]:
     """Top-level module -> the first file importing it, over every module of the package."""
     found: dict[str, str] = {}
     for path in sorted(SRC.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse_source(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

@@ -9,13 +9,16 @@ import pytest
 from llmman.errors import BadRequest
 from llmman.protocol.ollama.request import CHAT_PATH, INFILL_PATH, chat_request, generate_request
 from llmman.protocol.ollama.truncate import (
+    MAX_CHARS_PER_TOKEN,
     Overflow,
     block_start,
     cut_order,
+    first_plausible,
     keep_head_and_tail,
     kept,
     message_text,
     overflow,
+    pre_cut,
     prompt_target,
     starts,
     with_text,
@@ -102,3 +105,38 @@ def test_suffix_is_fill_in_the_middle() -> None:
     assert raw.path != INFILL_PATH and raw.body["prompt"] == "p"  # raw: verbatim, the suffix ignored
     assert generate_request({"model": "m", "prompt": "p"}).path == CHAT_PATH
     assert generate_request({"model": "m", "suffix": "s"}).is_load  # no prompt: a load, as in Ollama
+
+
+def test_the_search_skips_starts_whose_text_is_far_too_long() -> None:
+    """first_plausible: with a budget of target x MAX_CHARS_PER_TOKEN characters, the starts whose kept text
+    (system messages included) exceeds it are skipped; the kept text only shrinks, so it is the first
+    within budget; none within: the last start."""
+    target = 10
+    budget = target * MAX_CHARS_PER_TOKEN
+    system = {"role": "system", "content": "s" * 10}
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": "x" * (budget // 4)}
+             for i in range(12)]
+    chat = [system, *turns]
+    places = starts(chat)
+    index = first_plausible(chat, places, target)
+    kept_text = sum(len(message_text(m)) for m in kept(chat, places[index]))
+    assert kept_text <= budget
+    earlier = sum(len(message_text(m)) for m in kept(chat, places[index - 1]))
+    assert earlier > budget  # one start earlier is over the budget
+    assert first_plausible(chat, places, 10**6) == 0  # a big target skips nothing
+    huge = [system, {"role": "user", "content": "y" * (budget + 1)}]
+    assert first_plausible(huge, starts(huge), target) == len(starts(huge)) - 1
+
+
+def test_a_text_longer_than_the_budget_is_cut_to_its_end_before_counting() -> None:
+    budget = 3 * MAX_CHARS_PER_TOKEN
+    text = "a" * budget + "THE END"
+    short = {"role": "system", "content": "keep me"}
+    image = {"type": "image_url", "image_url": "x"}
+    parts = {"role": "user", "content": [{"type": "text", "text": text}, image]}
+    out = pre_cut([short, {"role": "user", "content": text}, parts], 3)
+    assert out[0] is short
+    assert message_text(out[1]) == text[-budget:] and message_text(out[1]).endswith("THE END")
+    assert message_text(out[2]) == text[-budget:]
+    content = out[2]["content"]
+    assert isinstance(content, list) and image in content  # the image stays

@@ -27,9 +27,11 @@ from llmman.protocol.ollama.truncate import (
     Message,
     Overflow,
     cut_order,
+    first_plausible,
     keep_head_and_tail,
     kept,
     message_text,
+    pre_cut,
     prompt_target,
     starts,
     with_text,
@@ -136,7 +138,9 @@ async def _fitted_chat(child: Child, body: dict[str, object], over: Overflow, ta
         return await child.rendered(body, chat) + extra
 
     places = starts(messages)
-    lo, hi = 0, len(places) - 1  # the first place whose chat fits: fewer messages never render longer
+    # The first place whose chat fits: fewer messages never render longer; places whose text is far too
+    # long for the target are skipped without asking the child.
+    lo, hi = first_plausible(messages, places, target), len(places) - 1
     best: list[Message] | None = None
     while lo <= hi:
         mid = (lo + hi) // 2
@@ -152,7 +156,7 @@ async def _fitted_chat(child: Child, body: dict[str, object], over: Overflow, ta
 
 async def _cut_text(child: Child, chat: list[Message], size: _Size, target: int) -> list[Message]:
     """``chat`` with text cut from the front of its messages (:func:`cut_order`) until it fits."""
-    chat = list(chat)
+    chat = pre_cut(chat, target)
     for index in cut_order(chat):
         for _ in range(_RECUTS):
             excess = await size(chat) - target

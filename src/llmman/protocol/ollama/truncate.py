@@ -27,14 +27,17 @@ import orjson
 
 __all__ = [
     "DEFAULT_NUM_KEEP",
+    "MAX_CHARS_PER_TOKEN",
     "REFUSAL",
     "Overflow",
     "block_start",
     "cut_order",
+    "first_plausible",
     "keep_head_and_tail",
     "kept",
     "message_text",
     "overflow",
+    "pre_cut",
     "prompt_target",
     "starts",
     "with_text",
@@ -44,6 +47,11 @@ __all__ = [
 REFUSAL = "the input length exceeds the context length"
 #: Ollama's default ``num_keep`` (``api.DefaultOptions``): prompt tokens kept at the start of a cut.
 DEFAULT_NUM_KEEP = 4
+
+#: A text with more characters than this per token of the target is taken as too long without asking the
+#: child (real tokenizers average 3-5 characters a token): it bounds the chats and texts sent to the child
+#: while fitting, so a 10k-message chat or a 1 MB message is not rendered whole a dozen times.
+MAX_CHARS_PER_TOKEN = 32
 
 Message = dict[str, object]
 
@@ -112,6 +120,38 @@ def starts(messages: Sequence[Message]) -> list[int]:
 def kept(messages: Sequence[Message], start: int) -> list[Message]:
     """The chat kept from ``start``: the system messages before it, then every message from it on."""
     return [m for m in messages[:start] if m.get("role") == "system"] + list(messages[start:])
+
+
+def first_plausible(messages: Sequence[Message], places: Sequence[int], target: int) -> int:
+    """The index into ``places`` (:func:`starts`) of the first start whose kept chat (:func:`kept`) has at
+    most ``target`` x :data:`MAX_CHARS_PER_TOKEN` characters of text — the earlier ones cannot fit — or
+    the last index when none has. The kept text only shrinks as the start moves on, so the search for the
+    first start that fits may begin here."""
+    budget = target * MAX_CHARS_PER_TOKEN
+    sizes = [len(message_text(m)) for m in messages]
+    after = [0] * (len(messages) + 1)  # text from i on
+    for i in range(len(messages) - 1, -1, -1):
+        after[i] = after[i + 1] + sizes[i]
+    system_before, seen = 0, 0
+    for index, start in enumerate(places):
+        while seen < start:
+            if messages[seen].get("role") == "system":
+                system_before += sizes[seen]
+            seen += 1
+        if system_before + after[start] <= budget:
+            return index
+    return max(len(places) - 1, 0)
+
+
+def pre_cut(chat: Sequence[Message], target: int) -> list[Message]:
+    """``chat`` with every message text longer than ``target`` x :data:`MAX_CHARS_PER_TOKEN` characters cut
+    to that many from its end (it would be cut further anyway), before the child counts its tokens."""
+    budget = target * MAX_CHARS_PER_TOKEN
+    out: list[Message] = []
+    for message in chat:
+        text = message_text(message)
+        out.append(with_text(message, text[-budget:]) if len(text) > budget else message)
+    return out
 
 
 def cut_order(messages: Sequence[Message]) -> list[int]:
