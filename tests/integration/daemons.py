@@ -139,6 +139,33 @@ def model_daemon(tmp: Path, model_file: Path, name: str = "smollm2:135m",
             d.stop(signal.SIGTERM)
 
 
+@dataclass
+class Nodes:
+    """Two daemons, each the other's peer: ``back`` stores the models, ``front`` stores nothing, so its
+    requests are forwarded to ``back`` (a hop)."""
+
+    back: Daemon
+    front: Daemon
+
+
+@contextlib.contextmanager
+def hop_pair(back_tmp: Path, front_tmp: Path, hosts: tuple[str, str]) -> Iterator[Nodes]:
+    """:class:`Nodes` on ``hosts`` (front, back) over the stores already in ``back_tmp`` and ``front_tmp``;
+    both stopped on exit."""
+    ports = free_port(hosts[0]), free_port(hosts[1])
+    back = start_daemon(back_tmp, host=hosts[1], port=ports[1],
+                        extra_env={"LLMMAN_PEERS": f"{hosts[0]}:{ports[0]}"})
+    try:
+        front = start_daemon(front_tmp, host=hosts[0], port=ports[0],
+                             extra_env={"LLMMAN_PEERS": f"{hosts[1]}:{ports[1]}"})
+        try:
+            yield Nodes(back, front)
+        finally:
+            front.stop()
+    finally:
+        back.stop()
+
+
 HOP = {"x-llmman-hop": "1"}  # a hopped request is served by, and answers for, the node it reaches only
 
 

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +19,10 @@ import pytest
 
 from llmman.refs import parse_reference
 from llmman.store import Store
-from tests.integration.daemons import Daemon, free_port, start_daemon
+from tests.integration.daemons import Daemon, Nodes, hop_pair
 from tests.integration.derived_ggufs import FIM_NAME, RERANK_NAME, write_fim_model, write_rerank_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(300)]
-
-
-@dataclass
-class Nodes:
-    back: Daemon  # stores the model
-    front: Daemon  # stores nothing: its requests are forwarded to ``back`` (a hop)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +31,6 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     if not model:
         pytest.skip("LLMMAN_TEST_MODEL is not set")
     hosts = "127.0.0.61", "127.0.0.62"
-    ports = free_port(hosts[0]), free_port(hosts[1])
     back_tmp, front_tmp = tmp_path_factory.mktemp("back"), tmp_path_factory.mktemp("front")
     store = Store(back_tmp / "store")
     store.build(parse_reference("smollm2:135m"), Path(model))
@@ -46,17 +38,8 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     (back_tmp / "rerank.gguf").unlink()
     store.build(parse_reference(FIM_NAME), write_fim_model(Path(model), back_tmp / "fim.gguf"))
     (back_tmp / "fim.gguf").unlink()
-    back = start_daemon(back_tmp, host=hosts[1], port=ports[1],
-                        extra_env={"LLMMAN_PEERS": f"{hosts[0]}:{ports[0]}"})
-    try:
-        front = start_daemon(front_tmp, host=hosts[0], port=ports[0],
-                             extra_env={"LLMMAN_PEERS": f"{hosts[1]}:{ports[1]}"})
-        try:
-            yield Nodes(back, front)
-        finally:
-            front.stop()
-    finally:
-        back.stop()
+    with hop_pair(back_tmp, front_tmp, hosts) as pair:
+        yield pair
 
 
 def ollama(d: Daemon, route: str, options: dict[str, Any]) -> httpx.Response:

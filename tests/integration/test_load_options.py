@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +15,11 @@ import pytest
 
 from llmman.refs import parse_reference
 from llmman.store import Store
-from tests.integration.daemons import HOP, Daemon, free_port, start_daemon
+from tests.integration.daemons import HOP, Daemon, Nodes, hop_pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(300)]
 
 MODEL = "docker.io/ai/smollm2:135m"
-
-
-@dataclass
-class Nodes:
-    back: Daemon  # stores the model
-    front: Daemon  # stores nothing: its requests are forwarded to ``back`` (a hop)
 
 
 @pytest.fixture(scope="module")
@@ -35,20 +28,10 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     if not model:
         pytest.skip("LLMMAN_TEST_MODEL is not set")
     hosts = "127.0.0.51", "127.0.0.52"
-    ports = free_port(hosts[0]), free_port(hosts[1])
     back_tmp, front_tmp = tmp_path_factory.mktemp("back"), tmp_path_factory.mktemp("front")
     Store(back_tmp / "store").build(parse_reference("smollm2:135m"), Path(model))
-    back = start_daemon(back_tmp, host=hosts[1], port=ports[1],
-                        extra_env={"LLMMAN_PEERS": f"{hosts[0]}:{ports[0]}"})
-    try:
-        front = start_daemon(front_tmp, host=hosts[0], port=ports[0],
-                             extra_env={"LLMMAN_PEERS": f"{hosts[1]}:{ports[1]}"})
-        try:
-            yield Nodes(back, front)
-        finally:
-            front.stop()
-    finally:
-        back.stop()
+    with hop_pair(back_tmp, front_tmp, hosts) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
