@@ -73,6 +73,17 @@ if [ "$WANT_TEST" = 1 ] && { ! command -v zsh >/dev/null || ! command -v fish >/
   fi
 fi
 
+# Peers from DNS (tests/integration/test_dns_peers.py) are tested against Debian's dnsmasq; the systemd units
+# in deploy/systemd/ are checked with systemd-analyze verify (Debian's systemd package, not running systemd).
+if [ "$WANT_TEST" = 1 ] && { ! command -v dnsmasq >/dev/null || ! command -v systemd-analyze >/dev/null; }; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing dnsmasq and systemd (for the DNS-peer and service-unit tests)"
+    apt-get update -qq && apt-get install -y -qq dnsmasq-base systemd >/dev/null
+  else
+    say "dnsmasq/systemd-analyze missing: their tests will be skipped (apt-get install dnsmasq-base systemd)"
+  fi
+fi
+
 stamp="$VENV/.llmman-installed"
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

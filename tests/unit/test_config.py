@@ -149,6 +149,7 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_IMPORT_DIRS": "/srv/models, /data/gguf",
         "LLMMAN_PEERS": "",  # empty is a value here: "no peers" (aggregation opt-out)
         "LLMMAN_PEER_API_KEY": "pk",
+        "LLMMAN_PEER_DNS": "127.0.0.1:5353",
         "LLMMAN_SPREAD": " Loaded ",
         "LLMMAN_MAX_REPLICAS": "3",
         "LLMMAN_REPLICA_AFTER": "500ms",

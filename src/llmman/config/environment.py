@@ -4,7 +4,8 @@
 (Hugging Face's endpoint and token file, as ``huggingface_hub`` reads them) and ``DOCKER_CONFIG``
 (Docker's ``config.json``, for registry credentials), ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``
 (the GPUs the daemon may use), and the model folders of Ollama, Hugging Face, llama.cpp and LM
-Studio (``OLLAMA_MODELS``, ``HF_HUB_CACHE``, ``LLAMA_CACHE``). They have no config-file key and no
+Studio (``OLLAMA_MODELS``, ``HF_HUB_CACHE``, ``LLAMA_CACHE``), and systemd's ``NOTIFY_SOCKET``,
+``WATCHDOG_USEC`` and ``WATCHDOG_PID``. They have no config-file key and no
 ``config list`` row; :func:`llmman.config.settings.load_settings` reads them from the same environment
 as the settings and hands them on as :attr:`Settings.environment`, so no other module looks at
 ``os.environ``.
@@ -41,6 +42,9 @@ class Environment:
         model_dirs: where Ollama, Hugging Face, llama.cpp and LM Studio keep their models
             (``OLLAMA_MODELS``, ``HF_HUB_CACHE``/``HF_HOME``, ``LLAMA_CACHE``; llmman.config.model_dirs),
             the folders ``llmman import`` reads by keyword.
+        notify_socket: systemd's ``NOTIFY_SOCKET`` (``Type=notify``: where ``READY=1`` and ``WATCHDOG=1`` go).
+        watchdog_usec: systemd's ``WATCHDOG_USEC`` (``WatchdogSec=`` in microseconds; 0 = no watchdog).
+        watchdog_pid: systemd's ``WATCHDOG_PID`` (the process the watchdog is meant for; 0 = any).
     """
 
     path: str
@@ -49,6 +53,9 @@ class Environment:
     docker_config: Path
     visible_devices: Mapping[str, str] = field(default_factory=dict)
     model_dirs: ModelDirs = field(default_factory=lambda: model_dirs({}))
+    notify_socket: str = ""
+    watchdog_usec: int = 0
+    watchdog_pid: int = 0
 
 
 def _path(text: str, env: Mapping[str, str]) -> Path:
@@ -72,4 +79,12 @@ def read_environment(env: Mapping[str, str]) -> Environment:
         docker_config=docker / "config.json",
         visible_devices={k: env[k] for k in VISIBLE_DEVICES if k in env},
         model_dirs=model_dirs(env),
+        notify_socket=env.get("NOTIFY_SOCKET", ""),
+        watchdog_usec=_int(env.get("WATCHDOG_USEC", "")),
+        watchdog_pid=_int(env.get("WATCHDOG_PID", "")),
     )
+
+
+def _int(text: str) -> int:
+    """A variable that systemd sets to a decimal number; anything else (unset, garbage) is 0."""
+    return int(text) if text.isdigit() else 0

@@ -91,6 +91,7 @@ class Settings:
     memory: int = 0
     reserve: int = 0
     peers: str = ""
+    dns_server: str = ""
     api_key: str = ""
     spread: str = "replicas"
     max_replicas: int = 0

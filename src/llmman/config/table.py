@@ -222,6 +222,8 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("aggregation.peers", "LLMMAN_PEERS", None, Kind.STR, "",
                 "Peer daemons, comma-separated, each like LLMMAN_HOST; empty = not aggregated.",
                 empty_env=True),
+    SettingSpec("aggregation.dns_server", "LLMMAN_PEER_DNS", None, Kind.STR, "",
+                "DNS server (HOST[:PORT]) that resolves peer names; empty = the system's resolver."),
     SettingSpec("aggregation.api_key", "LLMMAN_PEER_API_KEY", None, Kind.STR, "",
                 "Key presented to peers; empty = the first of auth.api_keys."),
     SettingSpec("aggregation.spread", "LLMMAN_SPREAD", None, Kind.STR, "replicas",
