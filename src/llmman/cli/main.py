@@ -52,6 +52,7 @@ _HANDLERS = {
     "logout": "commands_pull:cmd_logout",
     "gpu-discover": "commands_gpu:cmd_gpu_discover",
     "completion": "commands_completion:cmd_completion",
+    "install-service": "commands_service:cmd_install_service",
 }
 
 
@@ -217,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     _verb(sub, "gpu-discover", "Show the accelerator, its memory and the figure llmman uses")
     p = _verb(sub, "completion", "Print a shell completion script: bash, zsh or fish")
     p.add_argument("shell", choices=("bash", "zsh", "fish"))
+    p = _verb(sub, "install-service", "Write llmman's systemd unit (system, or --user) and print how to "
+              "start it")
+    p.add_argument("--user", action="store_true", help="a user unit (systemctl --user) on your own store")
+    p.add_argument("--print", action="store_true", help="print the unit, write nothing")
+    p.add_argument("--executable", metavar="PATH", help="the llmman for ExecStart= (default: this one)")
+    p.add_argument("--unit-dir", metavar="DIR", help="write it there instead of where systemd looks")
+    p.add_argument("--force", action="store_true", help="replace a unit that differs")
 
     p = _verb(sub, "config", "Show or edit the configuration")
     csub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
