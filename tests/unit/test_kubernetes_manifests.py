@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import re
 import subprocess
 from pathlib import Path
 
@@ -229,6 +230,16 @@ def test_the_pods_settings_parse_and_agree_with_the_manifests(tmp_path: Path) ->
     assert settings.node_name == "node-a"
 
 
+def test_the_config_files_example_is_valid_config_once_uncommented(tmp_path: Path) -> None:
+    lines = (BASE / "llmman.conf").read_text(encoding="utf-8").splitlines()
+    example = [line[2:] for line in lines if re.match(r"# (\[|[a-z_]+ = )", line)]
+    assert len(example) >= 4
+    (tmp_path / "llmman.conf").write_text("\n".join(example) + "\n", encoding="utf-8")
+    env = {**pod_env(), "HOME": str(tmp_path)}
+    settings = load_settings(env=env, system_file=tmp_path / "llmman.conf", user_file=tmp_path / "none.conf")
+    assert settings.aliases and any(preset.preload for preset in settings.presets.values())
+
+
 def test_the_peers_setting_names_the_headless_services_srv_name(tmp_path: Path) -> None:
     (entry,) = _settings(tmp_path).peer_list
     headless = [s for s in base_objects() if s["kind"] == "Service" and s["spec"].get("clusterIP") == "None"]
@@ -290,3 +301,4 @@ def test_llmman_runs_as_its_user_and_only_the_chown_runs_as_root() -> None:
     (init,) = pod["initContainers"]
     assert init["command"] == ["chown", f"{uid}:{pod['securityContext']['runAsGroup']}", "/var/lib/llmman"]
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+
