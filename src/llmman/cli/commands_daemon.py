@@ -23,7 +23,14 @@ _START_HINT = "start it with 'llmman serve'"
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    """``llmman serve [MODEL]``: run the daemon in the foreground until SIGTERM/SIGINT."""
+    """``llmman serve [MODEL]``: run the daemon in the foreground until SIGTERM/SIGINT.
+
+    Without the ``server`` extra this is one line saying what to install (exit 1); without a
+    llama-server, the daemon's own message names the three ways to get one (runner/binary.py).
+    """
+    from llmman.cli.serve_check import check_server_extra
+
+    check_server_extra()
     from llmman.daemon import serve  # imported here: the server's dependencies only load for `serve`
 
     return int(serve(settings, preload=args.model))

