@@ -29,11 +29,13 @@ import uvicorn
 from llmman.api.app import build_app
 from llmman.api.limits import header_timeout_protocol
 from llmman.api.services import Services
-from llmman.cluster.peers import Peers, parse_peers
+from llmman.cluster.discovery import Discovery, DnsLookup, ServerNames
+from llmman.cluster.peers import Peers, parse_entries
+from llmman.cluster.source import NODE_ID
 from llmman.config.model_dirs import ModelDirs
 from llmman.config.presets import device_env
 from llmman.config.settings import Settings
-from llmman.config.table import check_keys
+from llmman.config.table import HostAddress, check_keys
 from llmman.errors import ConfigError, LlmmanError
 from llmman.gateway import Gateway
 from llmman.obs.observer import Observer
@@ -172,14 +174,22 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
 def make_peers(settings: Settings) -> Peers:
     """The aggregation's peers (``aggregation.peers``) with their own HTTP session and the peer key
     (``aggregation.api_key``, else the first of ``auth.api_keys``); ``https://`` peers are verified against
-    the system CAs plus ``tls.ca_file``."""
-    addresses = parse_peers(settings.peer_list, settings.host)
+    the system CAs plus ``tls.ca_file``. Entries naming DNS names are followed from ``Peers.start``
+    (``aggregation.dns_server``, else the system's resolver; llmman.cluster.discovery), an ``https://`` one
+    verified as its name."""
+    entries = parse_entries(settings.peer_list, settings.host)
+    static = tuple(e for e in entries if isinstance(e, HostAddress))
     key = settings.api_key or next(iter(settings.api_key_list), "")
+    names = ServerNames()
+    discovery = None
+    if len(static) < len(entries):
+        discovery = Discovery(entries, DnsLookup(settings.dns_server), own=settings.host, names=names)
     connector = aiohttp.TCPConnector(limit=0, ssl=client_context(settings.ca_file))
-    session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-    if addresses:
-        log.info("aggregation peers: %s", ", ".join(a.netloc for a in addresses))
-    return Peers(session, addresses, api_key=key, refresh=settings.refresh)
+    session = aiohttp.ClientSession(connector=connector, auto_decompress=False, middlewares=(names,))
+    if entries:
+        log.info("aggregation peers: %s", ", ".join(e.netloc if isinstance(e, HostAddress) else f"{e} (DNS)"
+                                                  for e in entries))
+    return Peers(session, static, api_key=key, refresh=settings.refresh, discovery=discovery, node_id=NODE_ID)
 
 
 async def _preload(gateway: Gateway, name: str) -> None:

@@ -28,6 +28,14 @@ answer: a burst costs each peer one request, and a failing peer is logged and ma
 
 :attr:`Peers.recent` remembers for a moment which peer has a model loaded (see :mod:`.recent`); with fresh
 background views it saves nothing more, and it is kept for the router that reads it.
+
+**Peers from DNS.** An entry naming a DNS name stands for every address it resolves to
+(:mod:`.discovery`): :meth:`Peers.start` follows those names too, and each change of the set
+(:meth:`Peers.update`) starts the refresh of a new peer and stops and forgets a removed one (its
+sighting, down or waiting state, recent memory), so views, ``/llmman/pool`` and every decision see the
+current set without a restart. A peer whose ``/llmman/node`` carries this node's own id
+(:data:`.source.NODE_ID`, when the document has one) is this node by another address: it is dropped and
+kept out.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from llmman.cluster.discovery import Discovery, DnsEntry, Entry, is_dns_name
 from llmman.cluster.optimistic import add_forwards
 from llmman.cluster.placement import LOCAL, NodeView
 from llmman.cluster.recent import LOADED_TTL_S, RecentLoaded
@@ -117,6 +126,27 @@ def parse_peers(entries: Iterable[str], own: HostAddress | None = None) -> tuple
     return tuple(dict.fromkeys(peers))
 
 
+def parse_entries(entries: Iterable[str], own: HostAddress | None = None) -> tuple[Entry, ...]:
+    """``Settings.peer_list`` as entries, in order: a static address (as :func:`parse_peers` makes it,
+    this node itself left out) or, for a DNS name, a :class:`.discovery.DnsEntry` (see :mod:`.discovery`).
+
+    Raises:
+        ConfigError: an entry that does not parse, as :func:`parse_peers` says.
+    """
+    out: list[Entry] = []
+    for part in entries:
+        static = parse_peers((part,), own)  # checks the entry; () for a blank one or this node
+        if not part.strip():
+            continue
+        address = static[0] if static else parse_host(part)
+        if not is_dns_name(address.host):
+            out.extend(static)
+            continue
+        name = address.host.lower().rstrip(".")
+        out.append(DnsEntry(address.scheme, name, address.port, name.startswith("_")))
+    return tuple(dict.fromkeys(out))
+
+
 def peer_name(address: HostAddress) -> str:
     """How a peer is named in lists and logs: ``host:port``."""
     return address.netloc
@@ -187,15 +217,23 @@ class Peers:
         refresh: seconds between background fetches of each peer (``aggregation.refresh``); 0 = none.
         clock, rng, sleep: monotonic seconds, the jitter's random source and the wait between
             refreshes (tests pass their own).
+        discovery: the DNS names among the peers, followed from :meth:`start` (None: the list is static).
+        node_id: this node's id in ``/llmman/node`` documents (:data:`.source.NODE_ID`): a peer answering
+            with it is this node and is dropped; empty = not checked.
     """
 
     def __init__(self, session: aiohttp.ClientSession, peers: tuple[HostAddress, ...], *,
                  api_key: str = "", timeout: float = PROBE_TIMEOUT_S, retry: float = RETRY_S,
                  loaded_ttl: float = LOADED_TTL_S, refresh: float = 0.0,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
-                 sleep: Sleep = asyncio.sleep) -> None:
+                 sleep: Sleep = asyncio.sleep, discovery: Discovery | None = None,
+                 node_id: str = "") -> None:
         self.session = session
-        self.addresses = peers
+        self.addresses = peers  # the peers now: replaced as a whole by update()
+        self._names = {peer_name(a) for a in peers}
+        self.discovery = discovery
+        self.node_id = node_id
+        self._itself: set[str] = set()  # peer names whose document carried our node id
         self.api_key = api_key
         self.timeout = timeout
         self.retry = retry
@@ -214,7 +252,8 @@ class Peers:
         self._forwarding: dict[tuple[str, str], set[int]] = {}  # (peer, reference lower-cased) -> starts
         self._seen: dict[str, Sighting] = {}  # peer name -> its last good answer
         self._fetching: dict[str, asyncio.Task[NodeView | None]] = {}  # peer name -> fetch in flight
-        self._watchers: list[asyncio.Task[None]] = []
+        self._watchers: dict[str, asyncio.Task[None]] = {}  # peer name -> its refresh
+        self._started = False
         self.probe_rounds = 0  # synchronous probe rounds made (LLMMAN_DEBUG logs each)
 
     def __bool__(self) -> bool:
@@ -231,10 +270,51 @@ class Peers:
         """The peers not remembered as down."""
         return [a for a in self.addresses if peer_name(a) not in self._down]
 
+    def update(self, addresses: Iterable[HostAddress]) -> None:
+        """The peer set is now ``addresses`` (this node's own left out): a new peer gets its refresh
+        (once started); a removed one has its refresh stopped and everything known of it dropped."""
+        new = tuple(dict.fromkeys(a for a in addresses if peer_name(a) not in self._itself))
+        names = {peer_name(a) for a in new}
+        gone = [a for a in self.addresses if peer_name(a) not in names]
+        came = [a for a in new if peer_name(a) not in self._names]
+        self.addresses, self._names = new, names
+        for address in gone:
+            self._forget(address)
+        if self._started and self.refresh > 0:
+            for address in came:
+                self._watchers[peer_name(address)] = asyncio.create_task(self._watch(address))
+        if gone or came:
+            log.info("aggregation peers now %s%s%s", ", ".join(peer_name(a) for a in new) or "none",
+                     "; added " + ", ".join(peer_name(a) for a in came) if came else "",
+                     "; removed " + ", ".join(peer_name(a) for a in gone) if gone else "")
+
+    def _forget(self, address: HostAddress) -> None:
+        """Stop refreshing ``address`` and drop what is known of it (a fetch in flight is left to end:
+        requests may be waiting on it; its answer is not kept)."""
+        name = peer_name(address)
+        watcher = self._watchers.pop(name, None)
+        if watcher is not None:
+            watcher.cancel()
+        self._seen.pop(name, None)
+        self._down.pop(name, None)
+        self._waiting.pop(name, None)
+        self.recent.forget_peer(address)
+
+    def _itself_at(self, address: HostAddress) -> None:
+        """``address`` answered with this node's id: it is this node, dropped now and kept out."""
+        name = peer_name(address)
+        if name not in self._itself:
+            log.info("aggregation.peers: %s is this node itself (its node id); left out", name)
+        self._itself.add(name)
+        self.update(self.addresses)
+
     def mark_down(self, address: HostAddress, why: str) -> None:
-        """Skip ``address`` until a background re-probe sees it answer again."""
+        """Skip ``address`` until a background re-probe sees it answer again (a peer no longer in the
+        set is ignored)."""
         name = peer_name(address)
         self.recent.forget_peer(address)
+        if name not in self._names:
+            return
         if name not in self._down:
             log.info("peer %s left out: %s", name, why)
         self._down[name] = why
@@ -272,6 +352,11 @@ class Peers:
         view = parse_node(name, address.client_url(), doc)
         if view is None:
             raise ValueError("not a node document")
+        if self.node_id and isinstance(doc, dict) and doc.get("id") == self.node_id:
+            self._itself_at(address)
+            raise ValueError("this node itself")
+        if name not in self._names:  # removed from the set while the fetch was out
+            raise ValueError("no longer a peer")
         if self._waiting.pop(name, None) is not None:
             log.info("peer %s is up", name)
         version = doc.get("version") if isinstance(doc, dict) else None
@@ -294,6 +379,8 @@ class Peers:
         connection, else down (:meth:`mark_down`)."""
         name = peer_name(address)
         why = str(exc) or type(exc).__name__
+        if name not in self._names:
+            return
         if refused(exc) and name not in self._seen and name not in self._down:
             if name not in self._waiting:
                 log.info("peer %s is not up yet (%s): asked again by each decision until it answers",
@@ -375,7 +462,7 @@ class Peers:
             pairs = [(s.view, s.mark) for s in fresh]
         else:
             views = await self.probe()
-            pairs = [(v, self._mark_of(v)) for v in views]
+            pairs = [(v, self._mark_of(v)) for v in views if v.name in self._names]  # not one removed since
         sizes: dict[str, int] = {}
         for view, _ in pairs:
             for ref, size in view.stored.items():
@@ -423,16 +510,21 @@ class Peers:
         return out
 
     def start(self) -> None:
-        """Start the background refresh of every peer (no-op without peers or with ``refresh`` 0);
-        call from the running event loop."""
-        if self.refresh > 0 and not self._watchers:
-            self._watchers = [asyncio.create_task(self._watch(a)) for a in self.addresses]
+        """Start the background refresh of every peer (none with ``refresh`` 0) and the following of the
+        DNS names among them; call from the running event loop."""
+        if self._started:
+            return
+        self._started = True
+        if self.refresh > 0:
+            self._watchers = {peer_name(a): asyncio.create_task(self._watch(a)) for a in self.addresses}
+        if self.discovery is not None:
+            self.discovery.start(self.update)
 
     async def _watch(self, address: HostAddress) -> None:
         """Fetch ``address`` now and then every jittered ``refresh`` while it is up (the re-probe
         brings it back when it is down)."""
         name = peer_name(address)
-        while True:
+        while name in self._names:
             if name not in self._down:
                 try:
                     await self._probe_one(address)
@@ -442,10 +534,13 @@ class Peers:
 
     async def _reprobe(self) -> None:
         """Re-probe the down peers every ``retry`` seconds until none is left."""
-        by_name: Mapping[str, HostAddress] = {peer_name(a): a for a in self.addresses}
         while self._down:
             await asyncio.sleep(self.retry)
+            by_name: Mapping[str, HostAddress] = {peer_name(a): a for a in self.addresses}
             for name in list(self._down):
+                if name not in by_name:  # removed from the set meanwhile
+                    self._down.pop(name, None)
+                    continue
                 try:
                     await self._read(by_name[name])
                 except _FAILURES:
@@ -454,11 +549,13 @@ class Peers:
                 log.info("peer %s is back", name)
 
     async def close(self) -> None:
-        """Stop the background refresh and re-probe."""
-        tasks: list[asyncio.Task[Any]] = [*self._watchers, *self._fetching.values()]
+        """Stop the background refresh, re-probe and DNS following."""
+        if self.discovery is not None:
+            await self.discovery.close()
+        tasks: list[asyncio.Task[Any]] = [*self._watchers.values(), *self._fetching.values()]
         if self._retry_task is not None:
             tasks.append(self._retry_task)
-        self._watchers = []
+        self._watchers = {}
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable
+import secrets
+import socket
+from collections.abc import Callable, Iterable
 
 from llmman.cluster.placement import NodeView
 from llmman.config.table import HostAddress, parse_host
@@ -22,6 +24,7 @@ from llmman.errors import LlmmanError
 SOURCE = "x-llmman-source"  # where the chosen node may copy the model from (a peer storing it)
 SOURCE_DIGEST = "x-llmman-source-digest"  # the manifest digest that copy must have
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+NODE_ID = secrets.token_hex(8)  # this process among the pool's nodes: a peer document with it is this node
 
 
 def normal_host(host: str) -> str:
@@ -71,9 +74,11 @@ def storing_peer(ref: str, views: Iterable[NodeView], peers: Iterable[HostAddres
     return next((by_name[v.name] for v in views if v.has_stored(ref) and v.name in by_name), None)
 
 
-def is_self(peer: HostAddress, own: HostAddress) -> bool:
+def is_self(peer: HostAddress, own: HostAddress,
+            local: Callable[[str], bool] | None = None) -> bool:
     """True when ``peer`` is this node's own listen address ``own`` (same host and port; a wildcard
-    bind such as ``0.0.0.0`` also matches loopback and ``localhost`` on that port)."""
+    bind such as ``0.0.0.0`` also matches loopback, ``localhost`` and, on that port, any address of this
+    machine: ``local``, by default :func:`is_local_address`)."""
     if peer.port != own.port:
         return False
     host, mine = normal_host(peer.host), normal_host(own.host)
@@ -81,8 +86,25 @@ def is_self(peer: HostAddress, own: HostAddress) -> bool:
         return True
     if mine in ("0.0.0.0", "::", ""):
         ip = _ip(host)
-        return host == "localhost" or (ip is not None and ip.is_loopback)
+        if host == "localhost" or (ip is not None and ip.is_loopback):
+            return True
+        return ip is not None and (local or is_local_address)(host)
     return False
+
+
+def is_local_address(host: str) -> bool:
+    """True when ``host`` (an IP address) is an address of this machine: a socket can be bound to it.
+    Nothing is sent; an address of another machine fails the bind at once."""
+    ip = _ip(host)
+    if ip is None or ip.is_unspecified or ip.is_multicast:
+        return False
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.bind((str(ip), 0))
+    except OSError:
+        return False
+    return True
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
