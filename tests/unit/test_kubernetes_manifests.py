@@ -249,6 +249,8 @@ def test_the_peers_setting_names_the_headless_services_srv_name(tmp_path: Path) 
     assert entry == f"_{port['name']}._{port['protocol'].lower()}.{service['metadata']['name']}.{namespace}" \
         ".svc.cluster.local"
     assert service["spec"]["publishNotReadyAddresses"] is False
+    family = "IPv6" if ":" in _settings(tmp_path).host.host else "IPv4"  # DNS gives what llmman listens on
+    assert service["spec"]["ipFamilies"] == [family] and service["spec"]["ipFamilyPolicy"] == "SingleStack"
     template_labels = daemonset()["spec"]["template"]["metadata"]["labels"]
     for svc in (o for o in base_objects() if o["kind"] == "Service"):
         assert svc["spec"]["selector"].items() <= template_labels.items()
@@ -298,6 +300,8 @@ def test_llmman_runs_as_its_user_and_only_the_chown_runs_as_root() -> None:
     assert "runAsUser" not in context and context["readOnlyRootFilesystem"] is True
     mounts = {m["mountPath"] for m in llmman["volumeMounts"]}
     assert "/tmp" in mounts  # tempfile (llama-server's config dir, /api/create) with a read-only root
+    # Service links would add LLMMAN_PORT=tcp://... and LLMMAN_SERVICE_HOST for the Service named llmman
+    assert pod["enableServiceLinks"] is False and pod["automountServiceAccountToken"] is False
     (init,) = pod["initContainers"]
     assert init["command"] == ["chown", f"{uid}:{pod['securityContext']['runAsGroup']}", "/var/lib/llmman"]
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
