@@ -12,10 +12,12 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from llmman.api.inference import Call, run
+from llmman.api.listing import rendered, stored_listing
 from llmman.api.ollama_infer import json_response
 from llmman.api.services import Services
 from llmman.cluster.router import Intent
@@ -28,6 +30,7 @@ from llmman.protocol.ollama.version import OLLAMA_API_VERSION
 from llmman.refs import parse_reference
 from llmman.sched.scheduler import LoadedSnapshot
 from llmman.store import StoredModel, read_extras
+from llmman.store.listing import Listing
 
 FOREVER_YEARS = 292  # Go's max duration, as Ollama shows a model kept forever
 _LATEST = datetime(9999, 1, 1, tzinfo=UTC).timestamp()  # later times cannot be formatted
@@ -78,12 +81,17 @@ async def version(request: Request) -> Response:
 
 
 async def tags(request: Request) -> Response:
-    """``GET /api/tags``: the store, newest first."""
-    services = _services(request)
-    models = sorted(services.store.list(), key=lambda m: m.modified_at, reverse=True)
+    """``GET /api/tags``: the store, newest first (the store's kept listing, rendered once per listing)."""
+    listing = await stored_listing(_services(request), details=True)
+    body = rendered(listing, "/api/tags", None, lambda: orjson.dumps({"models": _tag_entries(listing)}))
+    return Response(body, media_type="application/json; charset=utf-8")
+
+
+def _tag_entries(listing: Listing) -> list[dict[str, object]]:
+    """``/api/tags``'s ``models``: every stored model, newest first."""
     out = []
-    for model in models:
-        info = _info(services, model)
+    for model in sorted(listing.models, key=lambda m: m.modified_at, reverse=True):
+        info = listing.info(model.digest)
         entry: dict[str, object] = {
             "name": model.reference,
             "model": model.reference,
@@ -95,7 +103,7 @@ async def tags(request: Request) -> Response:
         if info is not None:
             entry["capabilities"] = list(info.capabilities)
         out.append(entry)
-    return json_response({"models": out})
+    return out
 
 
 async def ps(request: Request) -> Response:
@@ -106,7 +114,8 @@ async def ps(request: Request) -> Response:
     now = datetime.now(UTC).timestamp()
     rows = []
     snaps = services.scheduler.snapshot()
-    listed = _details_by_digest(services, {snap.digest for snap in snaps})
+    listed = _details_by_digest(services, await stored_listing(services) if snaps else None,
+                                {snap.digest for snap in snaps})
     for snap in snaps:
         expires = snap.expires_at if snap.expires_at is not None else now + FOREVER_YEARS * 365.25 * 86400
         if snap.draining:  # a stop (or an eviction) is waiting for its requests: due now, as Ollama shows it
@@ -146,13 +155,18 @@ async def ps(request: Request) -> Response:
     return json_response({"models": [r[1] for r in rows]})
 
 
-def _details_by_digest(services: Services, digests: set[str]) -> dict[str, dict[str, object]]:
-    """``details`` of each loaded manifest digest, built from the store as ``/api/tags`` builds them
-    (every name of a manifest has the same GGUF; one gone from the store meanwhile gets empty ones)."""
-    if not digests:
-        return {}
-    stored = {m.digest: m for m in services.store.list() if m.digest in digests}
-    return {d: details(_info(services, stored[d]) if d in stored else None) for d in digests}
+def _details_by_digest(services: Services, listing: Listing | None,
+                       digests: set[str]) -> dict[str, dict[str, object]]:
+    """``details`` of each loaded manifest digest, built from the store's listing as ``/api/tags`` builds
+    them (every name of a manifest has the same GGUF; one gone from the store meanwhile gets empty ones)."""
+    stored = {m.digest: m for m in listing.models if m.digest in digests} if listing is not None else {}
+    return {d: details(_listed_info(services, listing, stored[d]) if listing is not None and d in stored
+                       else None) for d in digests}
+
+
+def _listed_info(services: Services, listing: Listing, model: StoredModel) -> GGUFInfo | None:
+    """``model``'s GGUF header: the listing's when it was read with details, else read now."""
+    return listing.info(model.digest) if listing.infos is not None else _info(services, model)
 
 
 def _one_row_per_model(rows: list[tuple[float, dict[str, Any]]]) -> list[tuple[float, dict[str, Any]]]:

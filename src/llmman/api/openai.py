@@ -26,11 +26,13 @@ from starlette.responses import Response
 from llmman.api.cancel import unless_disconnected
 from llmman.api.derived import openai_chat_with_defaults
 from llmman.api.inference import Call, run
+from llmman.api.listing import rendered, stored_listing
 from llmman.api.relay import passthrough
 from llmman.api.services import Services
 from llmman.cluster.peers import HOP
 from llmman.errors import LlmmanError, ModelNotFound
 from llmman.gateway import ResolvedModel
+from llmman.gguf import GGUFInfo
 from llmman.protocol.capabilities import capability_error, openai_chat_needs
 from llmman.protocol.conversation import conversation_key
 from llmman.protocol.errors import Dialect
@@ -112,10 +114,21 @@ def model_entry(services: Services, stored: StoredModel, running: Mapping[str, i
     the context the model runs with when loaded, else the one it would load with; ``meta.n_ctx_train`` the
     GGUF's trained context (the most ``num_ctx`` can ask for)."""
     try:
-        trained_raw = services.store.info(stored).context_length
+        info: GGUFInfo | None = services.store.info(stored)
     except Exception:
-        trained_raw = None
-    trained = int(trained_raw) if trained_raw else None
+        info = None
+    return _entry(services, stored, _trained(info), running)
+
+
+def _trained(info: GGUFInfo | None) -> int | None:
+    """The GGUF's trained context, None when unknown."""
+    raw = info.context_length if info is not None else None
+    return int(raw) if raw else None
+
+
+def _entry(services: Services, stored: StoredModel, trained: int | None,
+           running: Mapping[str, int]) -> dict[str, object]:
+    """:func:`model_entry` for a model whose trained context is known."""
     n_ctx = running.get(stored.reference) or services.gateway.context_for(stored, trained)
     meta: dict[str, object] = {"n_ctx": n_ctx}
     if trained:
@@ -125,12 +138,24 @@ def model_entry(services: Services, stored: StoredModel, running: Mapping[str, i
 
 async def models(request: Request) -> Response:
     """``GET /v1/models``: every stored model, with ``context_length`` and ``max_model_len`` (see
-    :func:`model_entry`)."""
+    :func:`model_entry`). Rendered once per store listing and set of loaded models whose context is not
+    the one they would load with."""
     services: Services = request.app.state.services
+    listing = await stored_listing(services, details=True)
     running = running_contexts(services)
-    entries = [{**model_entry(services, stored, running), "id": stored.reference}
-               for stored in services.store.list()]
-    return Response(orjson.dumps(models_list(entries)), media_type="application/json")
+    changed = []
+    for ref, n_ctx in sorted(running.items()):
+        stored = listing.by_name.get(ref.lower())
+        if stored is None or stored.reference != ref or n_ctx != services.gateway.context_for(
+                stored, _trained(listing.info(stored.digest))):
+            changed.append((ref, n_ctx))
+
+    def build() -> bytes:
+        entries = [{**_entry(services, stored, _trained(listing.info(stored.digest)), running),
+                    "id": stored.reference} for stored in listing.models]
+        return orjson.dumps(models_list(entries))
+
+    return Response(rendered(listing, "/v1/models", tuple(changed), build), media_type="application/json")
 
 
 async def model(request: Request) -> Response:

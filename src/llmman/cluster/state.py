@@ -21,7 +21,7 @@ loaded or loading model at llama-server's reported figure once loaded, else its 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from llmman import __version__
@@ -51,9 +51,12 @@ def model_loads(snaps: Iterable[LoadedSnapshot]) -> dict[str, ModelLoad]:
 
 
 def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bool,
-                  max_queue: int, transfers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                  max_queue: int, transfers: list[dict[str, Any]] | None = None,
+                  stored: Mapping[str, int] | None = None) -> dict[str, Any]:
     """This node's ``/llmman/node`` document (see the module docstring); ``transfers`` is the puller's
-    table (llmman.registry.progress.Transfers.snapshot), none when not given."""
+    table (llmman.registry.progress.Transfers.snapshot), none when not given; ``stored`` is the store's
+    ``{name: size}`` when the caller has read it (llmman.store.listing.Listing.sizes), else it is read
+    from ``store``."""
     snaps = scheduler.snapshot()
     loaded: dict[str, int] = {}
     for snap in snaps:
@@ -64,7 +67,7 @@ def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bo
         "memory": capacity,
         "free": max(0, capacity - sum(loaded.values())),
         "loaded": loaded,
-        "stored": {m.reference: m.size for m in store.list()},
+        "stored": dict(stored) if stored is not None else {m.reference: m.size for m in store.list()},
         "in_flight": sum(snap.refcount for snap in snaps) - queued,
         "queued": queued,
         "max_queue": max_queue,

@@ -27,6 +27,7 @@ from llmman.store import mediatypes as mt
 from llmman.store.build import build_manifest, plan_build
 from llmman.store.files import gguf_blobs, gguf_digests, import_error, imported_origin, resolve_files
 from llmman.store.layout import Check, Layout
+from llmman.store.listing import Listing, StoreIndex, entry_name, names, read_model
 from llmman.store.model import ModelFiles, StoredModel, descriptor_digests
 
 if TYPE_CHECKING:
@@ -53,53 +54,48 @@ def stored_name(ref: Reference) -> str:
 
 
 def _matches(entry: dict[str, Any], ref: Reference) -> bool:
-    ann = entry.get("annotations")
-    name = ann.get(mt.REF_NAME) if isinstance(ann, dict) else None
-    if not isinstance(name, str):
-        return False
-    if ref.digest is not None:
-        repo = f"{ref.registry}/{ref.repository}:".lower()
-        return entry.get("digest") == ref.digest and name.lower().startswith(repo)
-    return name.lower() == stored_name(ref).lower()
+    named = entry_name(entry)
+    return named is not None and names(ref, *named)
 
 
 class Store:
     """An OCI image-layout model store at ``root`` (created lazily by the first write).
 
-    ``cache_dir`` (default ``<root>/../cache``) holds the symlink folders of split models."""
+    ``cache_dir`` (default ``<root>/../cache``) holds the symlink folders of split models. What it lists is
+    kept in memory (:class:`llmman.store.listing.StoreIndex`) and read again when the store changed, by
+    this process or another."""
 
     def __init__(self, root: Path, cache_dir: Path | None = None) -> None:
         self.root = Path(root)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else self.root.parent / "cache"
         self.layout = Layout(self.root)
+        self.index = StoreIndex(self.layout, self.info)
 
     # -- reading ---------------------------------------------------------------------------------
     def _model(self, entry: dict[str, Any]) -> StoredModel | None:
-        ann = entry.get("annotations")
-        name = ann.get(mt.REF_NAME) if isinstance(ann, dict) else None
-        digest = entry.get("digest")
-        if not isinstance(name, str) or not isinstance(digest, str):
-            return None
-        try:
-            path = self.layout.blob_path(digest)
-            manifest = json.loads(path.read_bytes())
-            mtime = path.stat().st_mtime
-        except (OSError, ValueError, StoreError) as exc:
-            log.warning("skipping %s: unreadable manifest %s (%s)", name, digest, exc)
-            return None
-        if not isinstance(manifest, dict):
-            return None
-        size = sum(_size(d) or 0 for d in _descriptors(manifest, "layers"))
-        return StoredModel(reference=name, digest=digest, size=size, modified_at=mtime, manifest=manifest)
+        return read_model(self.layout, entry)
 
     def list(self) -> builtins.list[StoredModel]:
         """Every named model, in index order. Entries whose manifest blob is unreadable are skipped."""
-        models = (self._model(e) for e in self.layout.read_index()["manifests"] if isinstance(e, dict))
-        return [m for m in models if m is not None]
+        return builtins.list(self.index.listing().models)
+
+    def listing(self, *, details: bool = False) -> Listing:
+        """The current :class:`Listing` (with ``details``: every model's GGUF header too). Reads from disk
+        when the store changed since it was last read: call it off the event loop."""
+        return self.index.listing(details=details)
+
+    def listing_if_current(self, *, details: bool = False) -> Listing | None:
+        """The kept :class:`Listing` when it is provably current (two ``stat`` calls), else None: what a
+        route may call on the event loop before it sends :meth:`listing` to a thread."""
+        return self.index.current(details=details)
 
     def find(self, ref: Reference) -> StoredModel | None:
         """The model stored under ``ref`` (full name compared case-insensitively; a digest-pinned
-        reference matches an entry of the same repository with that manifest digest), or None."""
+        reference matches an entry of the same repository with that manifest digest), or None. From the
+        kept listing when it is current, else from ``index.json`` and the one manifest."""
+        kept = self.index.current()
+        if kept is not None:
+            return kept.find(ref)
         for entry in self.layout.read_index()["manifests"]:
             if isinstance(entry, dict) and _matches(entry, ref):
                 return self._model(entry)
@@ -273,11 +269,11 @@ class Store:
                 for child in children:
                     if not self.layout.has_blob(str(child.get("digest")), _size(child)):
                         raise StoreError(f"manifest for {ref} references missing blob {child.get('digest')}")
-                replaced = self._set_entry(name, desc)
                 blob = self.layout.blob_path(digest)
-                os.utime(blob)
+                os.utime(blob)  # modified_at; before the index changes, so a listing sees both at once
                 self.layout.record_verified(digest)  # write_blob just verified it; utime changed its stat
                 mtime = blob.stat().st_mtime
+                replaced = self._set_entry(name, desc)
         except BaseException:
             self.layout.unpin([digest])
             raise
@@ -356,6 +352,8 @@ class Store:
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(self.layout.blob_path(digest))
                         removed.append(digest)
+                if removed:
+                    self.layout.changed()
                 self.layout.forget_verified(removed)
                 if self.layout.verified_dir.is_dir():  # and the records of blobs gone by other means
                     kept = set(present) - set(removed)

@@ -112,6 +112,12 @@ class Layout:
         self._writers_fd: int | None = None
         self.verified_dir = self.root / "verified"
         self._verify_locks: dict[str, threading.Lock] = {}
+        self.generation = 0  # writes by this process that can change a listing (llmman.store.listing)
+
+    def changed(self) -> None:
+        """Count a write that can change what the store lists (the index, a blob added or removed), so
+        this process's kept listing is read again even where file times do not move."""
+        self.generation += 1
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -163,7 +169,10 @@ class Layout:
     def write_index(self, index: dict[str, Any]) -> None:
         """Atomically replace ``index.json``. The caller must hold :meth:`lock`."""
         self.ensure()
-        atomic_write(self.index_path, json.dumps(index, indent=2).encode() + b"\n")
+        try:
+            atomic_write(self.index_path, json.dumps(index, indent=2).encode() + b"\n")
+        finally:
+            self.changed()
 
     def blob_path(self, digest: str) -> Path:
         """``<root>/blobs/sha256/<hex>`` for ``sha256:<hex>`` (may not exist). StoreError for bad digests."""
@@ -250,6 +259,7 @@ class Layout:
                             now = os.stat(path)
                             if (now.st_ino, now.st_dev) == (after.st_ino, after.st_dev):
                                 os.unlink(path)
+                                self.changed()
                         self.forget_verified([digest])
                 except OSError as exc:  # a read-only store: still corrupt, still refused
                     log.warning("cannot remove corrupt blob %s: %s", digest, exc)
@@ -368,6 +378,7 @@ class Layout:
                 os.unlink(path)
             else:
                 os.replace(path, final)
+                self.changed()
                 _fsync_dir(self.blobs)
                 if verified:
                     self.record_verified(digest)
