@@ -6,6 +6,10 @@ is cut (llmman.gateway.Gateway.cut_all): a stream ends with its dialect's in-ban
 answer not started yet gets a 503 in its dialect, and :data:`_CUT_MARGIN` seconds later uvicorn
 closes whatever is left. Then every llama-server child is stopped (SIGTERM, grace, SIGKILL of its
 process group), so no child outlives the daemon.
+
+Under systemd (``NOTIFY_SOCKET`` set, ``Type=notify``) the daemon says ``READY=1`` once uvicorn listens,
+``STOPPING=1`` as the shutdown begins, and with ``WatchdogSec=`` pings ``WATCHDOG=1`` while ``GET /health``'s
+own check passes (:class:`_Systemd`, llmman.sdnotify). Without ``NOTIFY_SOCKET`` none of it runs.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from llmman.runner.process import LlamaServerProcess
 from llmman.sched.devices import child_devices
 from llmman.sched.gpu import node_memory
 from llmman.sched.scheduler import Launcher, ModelPlan, Runner, Scheduler
+from llmman.sdnotify import Notifier, Watchdog, watchdog_interval
 from llmman.sizes import format_bytes
 from llmman.store import Store
 from llmman.tls import check_server_tls, client_context
@@ -56,6 +61,9 @@ from llmman.tls import check_server_tls, client_context
 log = logging.getLogger("llmman")
 
 _CUT_MARGIN = 2  # seconds after the shutdown grace for cut answers to send their error frame
+_CHILD_STOP_GRACE = 10.0  # seconds a llama-server child gets after SIGTERM before SIGKILL (Scheduler)
+_STOP_SLACK = 10  # seconds on top of the shutdown's own budget told to systemd (EXTEND_TIMEOUT_USEC)
+_SYSTEMD_VARIABLES = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # the daemon's, not a child's
 
 
 class _Server(uvicorn.Server):
@@ -67,11 +75,18 @@ class _Server(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, *, grace: float = 0.0,
                  on_grace: Callable[[], None] | None = None,
-                 on_shutdown: Callable[[], None] | None = None) -> None:
+                 on_shutdown: Callable[[], None] | None = None,
+                 on_started: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self._grace = grace
         self._on_grace = on_grace
         self._on_shutdown = on_shutdown  # called as the shutdown begins (then GET /health answers 503)
+        self._on_started = on_started  # called once the sockets listen (systemd's READY=1)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_started is not None:
+            self._on_started()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self._on_shutdown is not None:
@@ -135,6 +150,59 @@ def launch_spec(plan: ModelPlan) -> LaunchSpec:
         tensor_split=devices.tensor_split,
         extra_args=pooling + plan.extra_args,
     )
+
+
+class _Systemd:
+    """The daemon's side of systemd's protocol (llmman.sdnotify): ``READY=1`` and ``STATUS=`` once uvicorn
+    listens (:meth:`started`), ``STOPPING=1`` and the time the shutdown may take as it begins
+    (:meth:`stopping`), and between them the :class:`Watchdog` when ``WATCHDOG_USEC`` asks for one (and
+    ``WATCHDOG_PID``, if set, is this process), pinging while ``problem()`` finds none. Every call is a no-op
+    without ``NOTIFY_SOCKET``."""
+
+    def __init__(self, settings: Settings, problem: Callable[[], str | None]) -> None:
+        env = settings.environment
+        self._notifier = Notifier(env.notify_socket)
+        self._serving = f"serving on {settings.host.client_url()}"
+        interval = watchdog_interval(env.watchdog_usec, env.watchdog_pid, os.getpid())
+        self._watchdog = None if interval is None else Watchdog(self._notifier, interval, problem,
+                                                                serving=self._serving)
+        # the shutdown's budget: the grace and its cut margin, then the children's stop (SIGTERM, grace)
+        self._stop_usec = (_graceful_timeout(settings.shutdown_grace) + int(_CHILD_STOP_GRACE)
+                           + _STOP_SLACK) * 1_000_000
+
+    def started(self) -> None:
+        """uvicorn listens: ``READY=1``, and the watchdog's pings begin."""
+        if self._notifier.notify(READY="1", STATUS=self._serving) and self._watchdog is not None:
+            self._watchdog.start()
+
+    def stopping(self) -> None:
+        """The shutdown began: the pings end and systemd hears ``STOPPING=1`` with ``EXTEND_TIMEOUT_USEC``
+        (the shutdown grace, the cut margin and the children's stop), so a grace raised in the config is
+        not cut short by the unit's ``TimeoutStopSec=``."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        self._notifier.notify(STOPPING="1", STATUS="shutting down: finishing answers, stopping llama-server",
+                              EXTEND_TIMEOUT_USEC=str(self._stop_usec))
+
+    async def close(self) -> None:
+        """Wait for the watchdog's task to end."""
+        if self._watchdog is not None:
+            await self._watchdog.close()
+
+
+def health_problem(obs: Observer, store: Store, scheduler: Scheduler) -> str | None:
+    """What ``GET /health`` would answer 503 for (llmman.obs.health.Health.check), or None when it answers
+    200: the watchdog's test of real health is the route's own."""
+    status, body = obs.health.check(store, draining=scheduler.draining)
+    if status == 200:
+        return None
+    return ": ".join(str(body[key]) for key in ("status", "error") if body.get(key))
+
+
+def child_environ(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` without systemd's notification variables: they are the daemon's (``NotifyAccess=main``),
+    as ``sd_notify(3)``'s ``unset_environment`` keeps them from children."""
+    return {key: value for key, value in environ.items() if key not in _SYSTEMD_VARIABLES}
 
 
 def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> Launcher:
@@ -212,8 +280,9 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
              len(node.devices))
     obs = Observer.of(settings)  # request log, metrics, health (llmman.obs)
     scheduler = Scheduler(
-        obs.launcher(make_launcher(settings, binary, dict(os.environ))),
+        obs.launcher(make_launcher(settings, binary, child_environ(dict(os.environ)))),
         default_keep_alive=settings.keep_alive,
+        stop_grace=_CHILD_STOP_GRACE,
         capacity=node.capacity,
         node_memory=node,  # per-device admission on a GPU node (sched/devices.py)
         max_loaded=settings.max_loaded_models,
@@ -258,8 +327,14 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         if count:
             log.warning("shutdown grace over: cut %d answer(s) still running", count)
 
+    systemd = _Systemd(settings, lambda: health_problem(obs, store, scheduler))
+
+    def shutdown_begins() -> None:
+        obs.health.stop()
+        systemd.stopping()
+
     server = _Server(config, grace=_graceful_timeout(settings.shutdown_grace) - _CUT_MARGIN,
-                     on_grace=cut_answers, on_shutdown=obs.health.stop)
+                     on_grace=cut_answers, on_shutdown=shutdown_begins, on_started=systemd.started)
     log.info("llmman %s using %s, store %s", _version(), binary, settings.models)
     log.info("listening on %s", settings.host.client_url())
     preloads = [preload] if preload else []
@@ -272,6 +347,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         await server.serve()
     finally:
         log.info("shutting down: stopping every llama-server")
+        await systemd.close()
         for task in preload_tasks:
             task.cancel()
             with contextlib.suppress(BaseException):
