@@ -172,8 +172,9 @@ class _Systemd:
 
     def started(self) -> None:
         """uvicorn listens: ``READY=1``, and the watchdog's pings begin."""
-        if self._notifier.notify(READY="1", STATUS=self._serving) and self._watchdog is not None:
-            self._watchdog.start()
+        self._notifier.notify(READY="1", STATUS=self._serving)
+        if self._watchdog is not None:
+            self._watchdog.start()  # a no-op without NOTIFY_SOCKET
 
     def stopping(self) -> None:
         """The shutdown began: the pings end and systemd hears ``STOPPING=1`` with ``EXTEND_TIMEOUT_USEC``
