@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import logging.handlers
 import math
@@ -399,6 +400,10 @@ def serve(settings: Settings, preload: str | None = None) -> int:
         raise LlmmanError(f"refusing to serve on {settings.host} without API keys: set auth.api_keys "
                           "(LLMMAN_API_KEYS), or LLMMAN_AUTH=off on a network you trust")
     check_server_tls(settings.host.scheme, settings.cert_file, settings.key_file)
+    if settings.environment.notify_socket and settings.environment.watchdog_usec:
+        # systemd's watchdog kills with SIGABRT: every thread's Python stack goes to stderr (the journal)
+        # first, so a wedged loop shows where it was stuck
+        faulthandler.enable(all_threads=True)
     try:
         import uvloop
 

@@ -7,6 +7,7 @@ not inherit the notification variables."""
 from __future__ import annotations
 
 import queue
+import resource
 import signal
 import socket
 import tempfile
@@ -163,3 +164,23 @@ def test_children_do_not_inherit_the_notify_socket(tmp_path: Path, model_file: P
         environ = child.environ()
         assert not {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"} & environ.keys()
         assert psutil.Process(d.process.pid).environ()["NOTIFY_SOCKET"] == notify.path  # the daemon's own
+
+
+def test_the_watchdogs_abort_prints_the_stacks(tmp_path: Path, notify: NotifySocket) -> None:
+    """systemd's watchdog kills with SIGABRT (``WatchdogSignal=``): the daemon prints every thread's Python
+    stack first (faulthandler), so the journal says where a wedged loop was stuck."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))  # no core file from the abort (children inherit it)
+    try:
+        d = _start(tmp_path, notify)
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
+    try:
+        notify.until("READY", "1")
+        d.process.send_signal(signal.SIGABRT)
+        assert d.process.wait(TIMEOUT) == -signal.SIGABRT
+        log = d.log_text()
+        assert "Fatal Python error: Aborted" in log
+        assert "llmman/daemon.py" in log  # the main thread's stack, down to the daemon's own frames
+    finally:
+        d.stop()
