@@ -135,9 +135,18 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
 
 
 def test_the_wheel_alone_brings_no_server_dependency(installed: Installed) -> None:
+    """No server module came with the wheel, and every verb's handler still imports (their lazy imports
+    are followed by tests/unit/test_install_extras.py)."""
     venv = installed.at("cli")
     assert [m for m in SERVER_MODULES if venv.importable(m)] == []
     assert venv.importable("httpx") and venv.importable("rich")  # the CLI's own did come
+    resolve = ("from llmman.cli.main import _HANDLERS, resolve_handler\n"
+               "for verb in _HANDLERS: resolve_handler(verb)\n"
+               "import sys; print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))")
+    handlers = subprocess.run([str(venv.python), "-c", resolve, *SERVER_MODULES], capture_output=True,
+                              text=True, check=False, env=venv.env())
+    assert handlers.returncode == 0, handlers.stderr
+    assert handlers.stdout.strip() == "[]"
 
 
 def test_version_help_and_an_empty_store(installed: Installed, tmp_path: Path) -> None:
