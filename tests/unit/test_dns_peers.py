@@ -180,6 +180,10 @@ async def test_every_entry_stands_for_its_set_in_order_without_this_node() -> No
         *addresses("127.0.0.2:9001", "127.0.0.5:9001"), HostAddress("https", "10.0.0.1", 443))
     assert discovery.names.name_of("10.0.0.1", 443) == "secure.example"  # https entries only
     assert discovery.names.name_of("127.0.0.2", 9001) is None
+    async with aiohttp.ClientSession() as session:
+        peers = Peers(session, discovery.addresses(), discovery=discovery)
+        assert peers.server_name(HostAddress("https", "10.0.0.1", 443)) == "secure.example"
+        assert peers.server_name(HostAddress("http", "127.0.0.2", 9001)) is None
     assert await discovery.refresh(POOL) is False  # the same answer: no change
 
 
@@ -215,6 +219,20 @@ async def test_a_wildcard_node_leaves_out_every_address_of_this_machine_on_its_p
     await bound.refresh(POOL)
     assert bound.addresses() == addresses("127.0.0.7:17434", *(f"{h}:17434" for h in others))
     assert not is_self(parse_host(f"{mine}:17435"), wildcard)  # another port is another node
+
+
+async def test_a_node_named_by_a_name_leaves_out_that_names_addresses() -> None:
+    name = socket.gethostname()
+    try:
+        mine = sorted({str(info[4][0]) for info in socket.getaddrinfo(name, 1, type=socket.SOCK_STREAM)})
+    except OSError:
+        pytest.skip(f"this machine's name {name!r} does not resolve")
+    table = Table({"pool.example": Answer(found(*mine, *not_ours("203.0.113.7")), 5)})
+    discovery = Discovery((POOL,), table, own=parse_host(f"{name}:17434"))
+    await discovery.refresh(POOL)
+    assert len(discovery.addresses()) == len(mine) + 1  # not known yet
+    await discovery.learn_own()
+    assert discovery.addresses() == addresses("203.0.113.7:17434")
 
 
 def test_an_address_is_this_machines_when_a_socket_binds_to_it() -> None:

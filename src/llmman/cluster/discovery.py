@@ -25,7 +25,8 @@ a middleware of the peer session, sends each request to such an address with the
 ``server_hostname`` and ``Host`` header (an SRV target's own name for SRV entries).
 
 **Itself.** The addresses that are this node (:func:`llmman.cluster.source.is_self`: its own address and
-port, or any address of this machine on its port when it listens on a wildcard) are left out.
+port, or any address of this machine on its port when it listens on a wildcard; the addresses of its
+``LLMMAN_HOST`` when that is a name) are left out.
 """
 
 from __future__ import annotations
@@ -343,6 +344,7 @@ class Discovery:
     sleep: Sleep = asyncio.sleep
     _sets: dict[DnsEntry, EntrySet] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _own_hosts: frozenset[str] = frozenset()  # the addresses of ``own`` when its host is a name
 
     def __bool__(self) -> bool:
         return any(isinstance(e, DnsEntry) for e in self.entries)
@@ -356,9 +358,28 @@ class Discovery:
                 continue
             for found in self._sets.get(entry, EntrySet()).found:
                 address = as_address(entry, found)
-                if self.own is None or not is_self(address, self.own):
+                if not self.is_own(address):
                     out.append(address)
         return tuple(dict.fromkeys(out))
+
+    def is_own(self, address: HostAddress) -> bool:
+        """True when ``address`` is this node (:func:`.source.is_self`, or one of the addresses its
+        ``LLMMAN_HOST`` name resolves to, on its port)."""
+        if self.own is None:
+            return False
+        return is_self(address, self.own) or (address.port == self.own.port
+                                               and normal_host(address.host) in self._own_hosts)
+
+    async def learn_own(self) -> None:
+        """Look up this node's own ``LLMMAN_HOST`` when it is a name (once): its addresses are itself."""
+        if self.own is None or not is_dns_name(self.own.host) or self._own_hosts:
+            return
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(self.own.host, self.own.port,
+                                                                 type=socket.SOCK_STREAM)
+        except OSError:
+            return
+        self._own_hosts = frozenset(normal_host(str(info[4][0])) for info in infos)
 
     def set_of(self, entry: DnsEntry) -> EntrySet | None:
         """What ``entry`` stands for now (None before its first lookup)."""
@@ -388,6 +409,7 @@ class Discovery:
                            if isinstance(e, DnsEntry)]
 
     async def _follow(self, entry: DnsEntry, on_change: OnChange) -> None:
+        await self.learn_own()
         while True:
             try:
                 if await self.refresh(entry):

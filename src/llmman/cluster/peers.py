@@ -266,6 +266,13 @@ class Peers:
             out["Authorization"] = f"Bearer {self.api_key}"
         return out
 
+    def server_name(self, address: HostAddress) -> str | None:
+        """The name an ``https://`` peer found by DNS is verified as (its TLS ``server_hostname``), or None
+        for a peer named by its own address (see :class:`.discovery.ServerNames`)."""
+        if self.discovery is None or address.scheme != "https":
+            return None
+        return self.discovery.names.name_of(address.host, address.port)
+
     def up(self) -> list[HostAddress]:
         """The peers not remembered as down."""
         return [a for a in self.addresses if peer_name(a) not in self._down]
