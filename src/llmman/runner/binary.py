@@ -14,7 +14,8 @@ from llmman.install import current
 
 def not_found_message() -> str:
     """The one line for "no llama-server anywhere": the three ways to get one, the last as the exact
-    command for this install (llmman.install: pip, pipx or uv tool; scripts/setup.sh's CMAKE_ARGS)."""
+    command for this install (llmman.install: pip, pipx or uv tool; scripts/build-llama-server.sh's
+    CMAKE_ARGS)."""
     return ("no llama-server found: put llama-server on PATH, or set server.llama_server "
             "(LLMMAN_LLAMA_SERVER) to its path, or build one (cmake and a C++ compiler, some minutes) "
             f"with: {current().add_llama_server()}")
