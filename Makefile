@@ -1,5 +1,5 @@
 # The two commands of the README. Each does all of its own set-up (scripts/setup.sh) and is idempotent.
-.PHONY: serve test lint unit bench bench-pool bench-obs setup setup-test setup-venv
+.PHONY: serve test lint unit bench bench-pool bench-obs bench-scale setup setup-test setup-venv
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -47,3 +47,7 @@ bench-pool: setup-venv
 # What metrics and the request log cost the relay: on vs off, side by side, over the fake llama-server.
 bench-obs: setup-venv
 	$(BIN)/python bench/bench_relay_obs.py
+
+# How far the leaderless pool goes: 8, 16 and 32 daemons in network namespaces (root; docs/scaling.md).
+bench-scale: setup-venv
+	$(BIN)/python bench/bench_scale.py
