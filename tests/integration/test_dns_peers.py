@@ -7,7 +7,10 @@ address, REFUSED as a failure. Then five real daemons on 127.0.0.2..6, one port,
 n1..n4 name ``pool.llmman.test``, n5 the SRV name; only n5 stores ``tiny``. The name serves n1..n3, then
 n1..n5, then n1..n3 again: n1's ``/llmman/pool`` (and n5's, through SRV) follows without a restart, each
 node leaves itself out, a request to n1 for ``tiny`` loaded on n5 is served by n5 while n5 is in the name,
-and with dnsmasq gone n1 keeps its last set.
+and with dnsmasq gone n1 keeps its last set. Between the two, an ``https://`` name: a node bound to
+``https://0.0.0.0`` whose certificate names ``secure.llmman.test`` (and 127.0.0.1) but not 127.0.0.9, the
+address the name gives, is up in another node's pool and serves its forwards (verified as the name), and
+leaves itself out of its own pool (127.0.0.9 on its port is this machine).
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +60,18 @@ class Dnsmasq:
     port: int
     hosts: Path
     srv_port: int
+    names: dict[str, list[str]] = field(default_factory=dict)  # what the hosts file says now
 
     @property
     def server(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def serve(self, addresses: list[str]) -> None:
-        """Make ``pool.llmman.test`` resolve to ``addresses``, and wait until dnsmasq answers so."""
-        self.hosts.write_text("".join(f"{a} {NAME}\n" for a in addresses))
+    def serve(self, addresses: list[str], name: str = NAME) -> None:
+        """Make ``name`` resolve to ``addresses``, and wait until dnsmasq answers so."""
+        self.names[name] = addresses
+        self.hosts.write_text("".join(f"{a} {n}\n" for n, found in self.names.items() for a in found))
         self.process.send_signal(signal.SIGHUP)
-        wait_until(lambda: sorted(self.ask(NAME)) == sorted(addresses), f"dnsmasq to serve {addresses}", 20)
+        wait_until(lambda: sorted(self.ask(name)) == sorted(addresses), f"dnsmasq to serve {addresses}", 20)
 
     def ask(self, name: str) -> list[str]:
         """``name``'s A and AAAA addresses as dnsmasq answers now (none when it does not answer)."""
@@ -203,6 +209,91 @@ def nodes(tmp_path_factory: pytest.TempPathFactory, dnsmasq: Dnsmasq,
 
 def address(name: str, port: int) -> str:
     return f"{HOSTS[name]}:{port}"
+
+
+SECURE = "secure.llmman.test"
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(tmp: Path) -> tuple[Path, Path, Path]:
+    """A CA and a certificate for ``secure.llmman.test`` and 127.0.0.1 only (not 127.0.0.9): ca, cert, key."""
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+             "-subj", "/CN=llmman test CA", "-keyout", "ca.key", "-out", "ca.pem", cwd=tmp)
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=secure",
+             "-keyout", "node.key", "-out", "node.csr", cwd=tmp)
+    (tmp / "ext.cnf").write_text(f"subjectAltName=DNS:{SECURE},IP:127.0.0.1\n")
+    _openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "1", "-extfile", "ext.cnf", "-out", "node.pem", cwd=tmp)
+    return tmp / "ca.pem", tmp / "node.pem", tmp / "node.key"
+
+
+def start_wildcard_tls(tmp: Path, port: int, env: dict[str, str], ca: Path) -> Daemon:
+    """A daemon on ``https://0.0.0.0:port`` (daemons.start_daemon would check it at 0.0.0.0, which its
+    certificate does not name): ready once ``https://127.0.0.1:port`` answers."""
+    home = tmp / "home"
+    home.mkdir()
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("LLMMAN_", "OLLAMA_"))}
+    full.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
+                XDG_DATA_HOME=str(home / ".local" / "share"), LLMMAN_HOST=f"https://0.0.0.0:{port}",
+                LLMMAN_MODELS=str(tmp / "store"), LLMMAN_OFFLINE="1", PYTHONUNBUFFERED="1", **env)
+    log = tmp / "daemon.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen([sys.executable, "-m", "llmman", "serve"], env=full, stdout=out,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp)
+    d = Daemon(process=process, url=f"https://127.0.0.1:{port}", home=home, store=tmp / "store", log=log,
+               env=full)
+    verify = ssl.create_default_context(cafile=str(ca))
+
+    def ready() -> bool:
+        assert process.poll() is None, d.log_text()
+        try:
+            return httpx.get(d.url + "/api/version", verify=verify, timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(ready, "the TLS daemon to answer")
+    return d
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
+def test_an_https_name_is_verified_as_the_name_at_each_address(tmp_path: Path, dnsmasq: Dnsmasq) -> None:
+    ca, cert, key = make_pki(tmp_path)
+    dnsmasq.serve(["127.0.0.9"], SECURE)  # where the wildcard-bound node answers too; its certificate
+    port = free_port("0.0.0.0")           # does not name that address, only the name
+    secure_tmp, front_tmp = tmp_path / "secure", tmp_path / "front"
+    make_store(secure_tmp, ("tiny",))
+    make_store(front_tmp, ())
+    (secure_tmp / "bin").mkdir()
+    entry = f"https://{SECURE}:{port}"
+    secure = start_wildcard_tls(secure_tmp, port, {
+        "LLMMAN_LLAMA_SERVER": str(make_fake_binary(secure_tmp / "bin")), "LLMMAN_NODE_NAME": "secure",
+        "LLMMAN_TLS_CERT": str(cert), "LLMMAN_TLS_KEY": str(key), "LLMMAN_TLS_CA": str(ca),
+        "LLMMAN_API_KEYS": "pool-key", "LLMMAN_PEERS": entry, "LLMMAN_PEER_DNS": dnsmasq.server,
+        "FAKE_REPLY": "w0 w1"}, ca)
+    try:
+        front = start_daemon(front_tmp, host="127.0.0.10", extra_env={
+            "LLMMAN_PEERS": entry, "LLMMAN_PEER_DNS": dnsmasq.server, "LLMMAN_TLS_CA": str(ca),
+            "LLMMAN_PEER_API_KEY": "pool-key", "LLMMAN_NODE_NAME": "front"})
+        try:
+            at = f"127.0.0.9:{port}"
+            wait_until(lambda: peers_up(front) == {at}, "front to see the https peer up at 127.0.0.9")
+            assert view(front)[at]["name"] == "secure"  # its certificate verified against the name
+            body = {"model": "tiny", "prompt": "hi", "stream": False}
+            r = httpx.post(front.url + "/api/generate", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            assert r.headers["x-llmman-node"] == "secure"
+            mine = httpx.get(secure.url + "/llmman/pool", headers={"Authorization": "Bearer pool-key"},
+                             verify=ssl.create_default_context(cafile=str(ca)), timeout=30).json()["nodes"]
+            assert [n["self"] for n in mine] == [True]  # 127.0.0.9 on its port, bound to 0.0.0.0: itself
+        finally:
+            front.stop()
+    finally:
+        for child in secure.children():
+            child.kill()
+        secure.stop()
 
 
 def test_the_pool_follows_the_name_without_a_restart(nodes: dict[str, Daemon], dnsmasq: Dnsmasq,
