@@ -87,23 +87,39 @@ async def tags(request: Request) -> Response:
     return Response(body, media_type="application/json; charset=utf-8")
 
 
+#: ``/api/tags`` entries by (name, manifest digest, modified_at, has details): what one entry depends on (the
+#: details are the manifest's, fixed by its digest). Only the last rendering's entries are kept.
+_TAG_ENTRIES: dict[tuple[str, str, float, bool], dict[str, object]] = {}
+
+
 def _tag_entries(listing: Listing) -> list[dict[str, object]]:
-    """``/api/tags``'s ``models``: every stored model, newest first."""
-    out = []
+    """``/api/tags``'s ``models``: every stored model, newest first (an entry rendered for an earlier
+    listing is reused: formatting the times is most of the cost)."""
+    global _TAG_ENTRIES
+    out, kept = [], {}
     for model in sorted(listing.models, key=lambda m: m.modified_at, reverse=True):
         info = listing.info(model.digest)
-        entry: dict[str, object] = {
-            "name": model.reference,
-            "model": model.reference,
-            "modified_at": rfc3339(model.modified_at, local=True),
-            "size": model.size,
-            "digest": model.digest.removeprefix("sha256:"),
-            "details": details(info),
-        }
-        if info is not None:
-            entry["capabilities"] = list(info.capabilities)
+        key = (model.reference, model.digest, model.modified_at, info is not None)
+        entry = _TAG_ENTRIES.get(key) or _tag_entry(model, info)
+        kept[key] = entry
         out.append(entry)
+    _TAG_ENTRIES = kept
     return out
+
+
+def _tag_entry(model: StoredModel, info: GGUFInfo | None) -> dict[str, object]:
+    """One ``/api/tags`` entry."""
+    entry: dict[str, object] = {
+        "name": model.reference,
+        "model": model.reference,
+        "modified_at": rfc3339(model.modified_at, local=True),
+        "size": model.size,
+        "digest": model.digest.removeprefix("sha256:"),
+        "details": details(info),
+    }
+    if info is not None:
+        entry["capabilities"] = list(info.capabilities)
+    return entry
 
 
 async def ps(request: Request) -> Response:

@@ -160,6 +160,7 @@ class Listing:
 class _State:
     stamps: tuple[Stamp, Stamp]
     trusted: bool  # read with stamps older than RACY_S
+    blobs_trusted: bool  # the blobs/ stamp alone was
     generation: int  # the layout's in-process write count when read
     listing: Listing
 
@@ -226,8 +227,9 @@ class StoreIndex:
                 models.append(model)
         self._manifests = {m.digest: (m.manifest, m.size) for m in models}
         self.refreshes += 1
-        trusted = not any(_young(s, now_ns) for s in stamps)
-        state = _State(stamps, trusted, generation, Listing(tuple(models)))
+        blobs_trusted = not _young(stamps[1], now_ns)
+        state = _State(stamps, blobs_trusted and not _young(stamps[0], now_ns), blobs_trusted, generation,
+                       Listing(tuple(models)))
         if details:
             state = replace(state, listing=Listing(state.listing.models, self._details(state)))
         self._state = state
@@ -237,7 +239,7 @@ class StoreIndex:
         """The GGUF header of each model of ``state``: kept ones without a ``stat`` when no blob was added
         or removed since they were read (a trusted, unchanged ``blobs/`` stamp), else kept while their
         files stat the same, else read."""
-        unchanged = state.trusted and self._infos_blobs == (state.stamps[1], True)
+        unchanged = self._infos_blobs == (state.stamps[1], True)
         infos: dict[str, tuple[tuple[Stamp, ...], GGUFInfo | None]] = {}
         for model in state.listing.models:
             if model.digest in infos:
@@ -255,7 +257,7 @@ class StoreIndex:
                     kept = files, None
             infos[model.digest] = kept
         self._infos = infos
-        self._infos_blobs = state.stamps[1], state.trusted
+        self._infos_blobs = state.stamps[1], state.blobs_trusted
         return {digest: info for digest, (_, info) in infos.items()}
 
     def _files(self, model: StoredModel) -> tuple[Stamp, ...]:
