@@ -311,7 +311,8 @@ def snapshot(nodes: Sequence[Node]) -> dict[str, dict[str, float]]:
         rx, rxp, tx, txp = link_counters(node.daemon.pid)
         cpu = psutil.Process(node.daemon.pid).cpu_times()
         rcpu = psutil.Process(node.relay.pid).cpu_times()
-        out[node.name] = {**{k: float(v) for k, v in relay.items()}, "link_bytes": rx + tx,
+        out[node.name] = {**{k: float(v) for k, v in relay.items() if k != "other_lines"},
+                          "link_bytes": rx + tx,
                           "link_packets": rxp + txp, "cpu": cpu.user + cpu.system,
                           "relay_cpu": rcpu.user + rcpu.system, "clock": time.monotonic()}
     return out
@@ -333,6 +334,15 @@ def rates(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]
             "per_node": {n: {k: round(v, 3) for k, v in p.items()} for n, p in per.items()}}
 
 
+def other_lines(nodes: Sequence[Node]) -> dict[str, int]:
+    """The requests other than probes that the nodes' relays have passed so far, by request line."""
+    out: dict[str, int] = {}
+    for node in nodes:
+        for line, n in json.loads(node.stats.read_text()).get("other_lines", {}).items():
+            out[line] = out.get(line, 0) + n
+    return dict(sorted(out.items(), key=lambda item: -item[1]))
+
+
 def memory(nodes: Sequence[Node]) -> dict[str, float]:
     """RSS in MB: every daemon, its fake children, every relay (means per node and the total)."""
     daemons, fakes, relays = [], [], []
@@ -352,6 +362,7 @@ def memory(nodes: Sequence[Node]) -> dict[str, float]:
 async def traffic(session: aiohttp.ClientSession, nodes: Sequence[Node], front: Node, window: float,
                   workers: int, rng: random.Random) -> dict[str, Any]:
     """The traffic window at rest, then under load (with placement samples taken meanwhile)."""
+    await asyncio.sleep(1.0)  # the relays' counter files (written every 0.5 s) catch up with what came before
     before = snapshot(nodes)
     await asyncio.sleep(window)  # the measuring window itself
     rest = rates(before, snapshot(nodes))
@@ -440,6 +451,7 @@ async def measure(lan: Lan, nodes: Sequence[Node], front: Node, args: argparse.N
         out["placement_load"] = {**under.summary(), "n0_probe_rounds": rounds, "rows": under.rows}
         out["traffic"] = seen
         out["memory"] = memory([*nodes, front])
+        out["other_lines"] = other_lines(nodes)
         print_placement(len(nodes), "under load", out["placement_load"])
         print_traffic(len(nodes), seen, out["memory"])
         if args.loss > 0:

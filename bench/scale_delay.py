@@ -47,10 +47,11 @@ class Relay:
         self.delay = delay
         self.counts: dict[str, int] = collections.defaultdict(int)
         self.open: set[asyncio.BaseTransport] = set()  # every connection, closed when the relay stops
+        self.others: dict[str, int] = collections.defaultdict(int)  # other requests by line (50 kept)
 
     def stats(self) -> dict[str, Any]:
         """The counters as the stats file shows them."""
-        return {"t": time.time(), "delay_ms": self.delay * 1000, **self.counts}
+        return {"t": time.time(), "delay_ms": self.delay * 1000, **self.counts, "other_lines": self.others}
 
 
 class Delayed:
@@ -154,6 +155,9 @@ class Inbound(asyncio.Protocol):
         if data.startswith(STARTS):
             self.kind = "probe" if data.startswith(PROBE) else "other"
             self.relay.counts[f"{self.kind}_requests"] += 1
+            line = data[:data.find(b" HTTP/")][:80].decode(errors="replace")
+            if self.kind == "other" and (line in self.relay.others or len(self.relay.others) < 50):
+                self.relay.others[line] += 1
         self.count("in", len(data))
         now, delay = self.relay.loop.time(), self.relay.delay
         self.up.push(max(now + delay, self.accepted + 3 * delay), data)
