@@ -187,8 +187,6 @@ def test_serve_without_the_server_extra_says_what_to_install(installed: Installe
     assert command[1:] == ["-m", "pip", "install", f"{venv.wheel}[server]"]
 
 
-@pytest.mark.xfail(strict=True, reason="needs llmman.cli.autostart.ensure_server to call "
-                   "llmman.cli.serve_check.check_server_extra() before it spawns (the lead's file)")
 def test_run_that_would_start_a_daemon_says_the_same(installed: Installed) -> None:
     venv = installed.at("cli")
     ran = venv.llmman("run", MODEL_NAME, "hi", env={"LLMMAN_HOST": f"127.0.0.1:{free_port()}"})
@@ -196,9 +194,6 @@ def test_run_that_would_start_a_daemon_says_the_same(installed: Installed) -> No
     assert ran.stderr.splitlines() == [venv.llmman("serve").stderr.strip()]
 
 
-@pytest.mark.xfail(strict=True, reason="needs llmman.cli.commands_gpu.cmd_gpu_discover to call "
-                   "check_server_extra('llmman gpu-discover') first (the lead's file); it prints "
-                   "'accelerator: unknown' without psutil now")
 def test_gpu_discover_without_the_server_extra_says_what_to_install(installed: Installed) -> None:
     venv = installed.at("cli")
     found = venv.llmman("gpu-discover")

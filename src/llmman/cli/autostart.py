@@ -97,6 +97,10 @@ def ensure_server(
         return client
     if not settings.host.is_loopback() and settings.host.host not in ("0.0.0.0", "::", ""):
         raise DaemonUnreachable(client.base_url, "is the daemon running on that machine?")
+    if command is None:  # the child would only write this to serve.log: say it here, the same line
+        from llmman.cli.serve_check import check_server_extra
+
+        check_server_extra()
     log_path = serve_log_path(settings)
     child = spawn_daemon(log_path, store=store, command=command)
     # Reap the child when it ends so it never lingers as a zombie while we poll.

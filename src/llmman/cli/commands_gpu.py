@@ -12,6 +12,9 @@ from llmman.sched.gpu import node_memory
 def cmd_gpu_discover(args: argparse.Namespace, settings: Settings) -> int:
     """Print what discovery finds on this machine (no daemon needed) and the capacity after the
     ``[resources]`` cap and reserve. Returns 0, or 1 when nothing was found (capacity 0)."""
+    from llmman.cli.serve_check import check_server_extra
+
+    check_server_extra("llmman gpu-discover")  # without psutil/NVML it would report "unknown"
     node = node_memory(cap=settings.memory, reserve=settings.reserve,
                        environ=settings.environment.visible_devices)
     print(f"accelerator: {node.accelerator}")
