@@ -306,3 +306,49 @@ def test_llmman_runs_as_its_user_and_only_the_chown_runs_as_root() -> None:
     assert init["command"] == ["chown", f"{uid}:{pod['securityContext']['runAsGroup']}", "/var/lib/llmman"]
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
 
+
+# --- the doc ---------------------------------------------------------------------------------------------
+
+DOC = REPO / "docs" / "kubernetes.md"
+
+
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings."""
+    out = set()
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
+
+
+def test_the_docs_links_and_the_manifests_citations_lead_somewhere() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", text)
+    assert len(links) >= 5
+    for target, anchor in links:
+        if target.startswith(("http://", "https://")):
+            continue
+        path = DOC.parent / target if target else DOC
+        assert path.is_file(), f"docs/kubernetes.md links to {target}, which does not exist"
+        assert not anchor or anchor in _anchors(path), f"docs/kubernetes.md links to {target}#{anchor}"
+    for path in DEPLOY.rglob("*"):
+        if path.is_file():
+            for cited in re.findall(r"docs/[\w.-]+\.md", path.read_text(encoding="utf-8")):
+                assert (REPO / cited).is_file(), f"{path} cites {cited}"
+    for name in ("overlays/cpu", "overlays/pvc", "kubectl apply -k deploy/kubernetes", "keys.env"):
+        assert name in text
+
+
+def test_the_manifests_run_the_image_the_containerfile_builds() -> None:
+    recipe = (REPO / "Containerfile").read_text(encoding="utf-8")
+    pod = _pod(daemonset())
+    uid = re.search(r"--uid (\d+)", recipe)
+    gid = re.search(r"--gid (\d+) llmman", recipe)
+    assert uid and gid and pod["securityContext"]["runAsUser"] == int(uid.group(1))
+    assert pod["securityContext"]["runAsGroup"] == pod["securityContext"]["fsGroup"] == int(gid.group(1))
+    variants = set(re.findall(r"^FROM \S+ AS run-(\w+)$", recipe, re.MULTILINE))
+    tags = {kustomization(path)["images"][0]["newTag"] for path in VARIANTS.values()}
+    assert variants == tags == {"cpu", "cuda"}
+    assert re.search(r"^ENV PATH=/opt/llmman/bin:", recipe, re.MULTILINE)  # `llmman serve` and the preStop
+    assert re.search(r"^VOLUME .*\"/var/lib/llmman\"", recipe, re.MULTILINE)
