@@ -4,7 +4,7 @@ Document (bytes, counts)::
 
     {"memory": capacity, "free": capacity - loaded, "loaded": {ref: bytes}, "stored": {ref: bytes},
      "in_flight": n, "queued": n, "max_queue": n,
-     "name": "spark", "version": "0.1.0", "state": "serving" | "draining", "fallback": false,
+     "name": "spark", "id": "3f9a...", "version": "0.1.0", "state": "serving" | "draining", "fallback": false,
      "models": {ref: {"slots": n, "in_flight": n, "queued": n, "loading": bool, "draining": bool}},
      "devices": [{"index": i, "name": ..., "total": bytes, ..., "used": bytes, "utilisation": pct,
                   "temperature": celsius, "power": watts}],
@@ -15,6 +15,8 @@ The first line is the seed's shape (``memory``, ``loaded``, ``stored``), which i
 and all :func:`parse_node` requires; the rest is optional on reading, so old and new nodes interoperate.
 ``memory`` is what llmman offers for models (0 = unknown: no limit is enforced); ``loaded`` counts each
 loaded or loading model at llama-server's reported figure once loaded, else its estimate.
+``id`` is this daemon process's random id (llmman.cluster.source.NODE_ID): a node that finds its own id in a
+peer's document (reached through a DNS name, NAT or a port mapping) leaves that peer out.
 ``transfers`` lists the pulls and copies from a peer running on the node (llmman.registry.progress);
 :func:`transfers_of` reads a peer's.
 """
@@ -26,6 +28,7 @@ from typing import Any
 
 from llmman import __version__
 from llmman.cluster.placement import ModelLoad, NodeView
+from llmman.cluster.source import NODE_ID
 from llmman.sched.devices import device_document
 from llmman.sched.gpu import NodeMemory, telemetry
 from llmman.sched.scheduler import Scheduler
@@ -72,6 +75,7 @@ def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bo
         "queued": queued,
         "max_queue": max_queue,
         "name": name,
+        "id": NODE_ID,
         "version": __version__,
         "state": DRAINING if scheduler.draining else SERVING,
         "fallback": fallback,
