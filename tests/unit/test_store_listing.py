@@ -187,3 +187,17 @@ def test_an_unreadable_index_entry_is_skipped_and_an_empty_store_lists_nothing(t
         "org.opencontainers.image.ref.name": "docker.io/ai/ghost:1"}})
     (root / "index.json").write_text(json.dumps(index))
     assert names(kept_store(root)) == ["docker.io/ai/one:1"]
+
+
+def test_a_lookup_reads_the_listing_once_the_store_is_old_enough(root: Path) -> None:
+    """Each request looks its model up (Store.find): from the kept listing, read by the first lookup once
+    the stamps can be trusted; within RACY_S of a write, from index.json directly (not a full listing)."""
+    store = kept_store(root)
+    assert store.find(parse_reference("beta:2")) is not None
+    assert store.index.refreshes == 1 and store.listing_if_current() is not None
+    cli(root, "tag", "beta:2", "epsilon:5")
+    assert store.find(parse_reference("epsilon:5")) is not None and store.index.refreshes == 2
+    young = Store(root)
+    young.index = StoreIndex(young.layout, young.info, clock=lambda: os.stat(root / "index.json").st_ctime)
+    assert young.find(parse_reference("epsilon:5")) is not None
+    assert young.find(parse_reference("beta:2")) is not None and young.index.refreshes == 0

@@ -92,8 +92,9 @@ class Store:
     def find(self, ref: Reference) -> StoredModel | None:
         """The model stored under ``ref`` (full name compared case-insensitively; a digest-pinned
         reference matches an entry of the same repository with that manifest digest), or None. From the
-        kept listing when it is current, else from ``index.json`` and the one manifest."""
-        kept = self.index.current()
+        kept listing (read first when the store changed a while ago), else, within ``listing.RACY_S`` of a
+        write, from ``index.json`` and the one manifest."""
+        kept = self.index.for_lookup()
         if kept is not None:
             return kept.find(ref)
         for entry in self.layout.read_index()["manifests"]:

@@ -215,6 +215,23 @@ class StoreIndex:
                 return listing
             return self._refresh(details)
 
+    def for_lookup(self) -> Listing | None:
+        """A listing to look one name up in: the kept one when current, else one read now if it will be
+        kept (the store's stamps are old enough to trust), else None: the caller reads ``index.json``
+        itself, which for one name is cheaper than a listing read again at each use. Never waits for a
+        refresh another thread is making (None then too)."""
+        found = self.current()
+        if found is not None:
+            return found
+        now_ns = int(self._clock() * 1e9)
+        if any(_young(s, now_ns) for s in self._stamps()) or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            listing = self.current() or self._refresh(False)
+        finally:
+            self._lock.release()
+        return listing if self.current() is listing else None
+
     def _refresh(self, details: bool) -> Listing:
         generation = self._layout.generation
         stamps = self._stamps()  # before reading: a write after this changes them for the next check
