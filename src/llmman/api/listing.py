@@ -2,9 +2,10 @@
 of ``/api/ps``.
 
 :func:`stored_listing` answers from the listing the store keeps in memory when it is current (two
-``stat`` calls on the event loop, docs/store.md "Listing many models") and reads it in a thread otherwise,
-so a store of thousands of models is never read on the loop that relays inference. :func:`rendered` keeps
-what a route built from one listing (its body), so an unchanged store is not rendered again.
+``stat`` calls on the event loop, docs/store.md "Listing many models") and reads it in a thread of its own
+otherwise (not the default executor's, which pulls can fill), so a store of thousands of models is never
+read on the loop that relays inference. :func:`rendered` keeps what a route built from one listing (its
+body), so an unchanged store is not rendered again.
 """
 
 from __future__ import annotations
@@ -12,12 +13,17 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TypeVar, cast
 
 from llmman.api.services import Services
 from llmman.store.listing import Listing
 
 T = TypeVar("T")
+#: The listing's own thread: the default executor also runs pulls and copies, which can hold all its
+#: threads for minutes; refreshes take the store index's lock one at a time anyway.
+_READER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmman-listing")
 _Kept = dict[str, tuple[Hashable, object]]
 _RENDERED: weakref.WeakKeyDictionary[Listing, _Kept] = weakref.WeakKeyDictionary()
 
@@ -28,7 +34,8 @@ async def stored_listing(services: Services, *, details: bool = False) -> Listin
     store = services.store
     listing = store.listing_if_current(details=details)
     if listing is None:
-        listing = await asyncio.to_thread(store.listing, details=details)
+        listing = await asyncio.get_running_loop().run_in_executor(
+            _READER, partial(store.listing, details=details))
     return listing
 
 
