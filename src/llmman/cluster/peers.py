@@ -16,6 +16,16 @@ of that decision and remembered as down: later decisions skip it without waiting
 leaves it alone, and one background task re-probes the down peers every :data:`RETRY_S` seconds and
 takes each back (with a fresh sighting) as soon as it answers.
 
+**Slow is not dead.** A peer that did not answer *in time* (a timeout of the probe, of the connection or
+of a forward's silence check: :func:`timed_out`) is *unresponsive*, not dead: it is left out of decisions
+as a down peer is, but what it was last seen holding (its last sighting: loaded and stored models, with
+its age) is kept, and :meth:`Peers.holding` names it for a model it holds, so the router answers 503
+with ``Retry-After`` rather than 404 or a pull for a model only that peer has
+(docs/aggregation.md#busy-is-not-down). A peer that refuses, is unreachable, resets the connection or
+answers something else is dead as before. A failure reported without its exception (a forward's, through
+:meth:`Peers.mark_down`) is judged by the peer's last probe: the silence check's own probe timing out
+makes it unresponsive. A re-probe that finds it refusing makes it dead; one that answers takes it back.
+
 **Peers not up yet.** One exception: a peer that has never answered and *refuses* the connection (its
 host answered at once: nothing listens there yet, as when a pool's nodes start together) is not marked
 down but *waiting*: it stays in every probe round and keeps the views from counting as fresh, so each
@@ -73,6 +83,12 @@ JITTER = 0.2  # each refresh wait is the interval ±20 %
 STALE_AFTER = 3.0  # background views older than this many refresh intervals are not used
 PEER_DOCUMENT_MAX = 16 * 1024 * 1024  # bytes of a peer's JSON answer taken (a store of ~100k models)
 _FAILURES = (OSError, aiohttp.ClientError, TimeoutError, ValueError)
+
+
+def timed_out(exc: BaseException) -> bool:
+    """True when ``exc`` is a peer not answering in time (a probe's, a connection's or a read's timeout,
+    a forward's silence check): the peer is unresponsive, not dead (see the module docstring)."""
+    return isinstance(exc, TimeoutError)
 
 
 async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
@@ -202,6 +218,21 @@ class PeerState:
     forwarded: int
 
 
+@dataclass(frozen=True)
+class Held:
+    """An unresponsive peer last seen holding a model (:meth:`Peers.holding`).
+
+    Attributes:
+        address: the peer.
+        loaded: it had the model loaded (else stored).
+        age: seconds since that sighting was fetched.
+    """
+
+    address: HostAddress
+    loaded: bool
+    age: float
+
+
 Sleep = Callable[[float], Awaitable[None]]
 
 
@@ -242,6 +273,8 @@ class Peers:
         self._rng = rng or random.Random()
         self._sleep = sleep
         self._down: dict[str, str] = {}  # peer name -> why
+        self._slow: set[str] = set()  # the down peers that are unresponsive, not dead (timed out)
+        self._timed_out: set[str] = set()  # peers whose last request from get_json timed out
         self._waiting: dict[str, str] = {}  # never answered and refused: asked by every decision
         self._retry_task: asyncio.Task[None] | None = None
         self._probing: asyncio.Future[list[NodeView]] | None = None
@@ -304,6 +337,8 @@ class Peers:
             watcher.cancel()
         self._seen.pop(name, None)
         self._down.pop(name, None)
+        self._slow.discard(name)
+        self._timed_out.discard(name)
         self._waiting.pop(name, None)
         self.recent.forget_peer(address)
 
@@ -315,15 +350,31 @@ class Peers:
         self._itself.add(name)
         self.update(self.addresses)
 
-    def mark_down(self, address: HostAddress, why: str) -> None:
+    def mark_down(self, address: HostAddress, why: str, *, slow: bool | None = None) -> None:
         """Skip ``address`` until a background re-probe sees it answer again (a peer no longer in the
-        set is ignored)."""
+        set is ignored).
+
+        Args:
+            slow: it did not answer in time (unresponsive: what it was seen holding is kept) rather
+                than dead; None = judged by its last probe (:meth:`get_json` timing out).
+        """
         name = peer_name(address)
         self.recent.forget_peer(address)
         if name not in self._names:
             return
-        if name not in self._down:
-            log.info("peer %s left out: %s", name, why)
+        slow = name in self._timed_out if slow is None else slow
+        if name not in self._down or slow != (name in self._slow):
+            if slow:
+                seen = self._seen.get(name)
+                age = "never seen" if seen is None else f"last seen {self.clock() - seen.at:.1f} s ago"
+                log.info("peer %s left out: %s; not answering in time, so taken for busy, not dead "
+                         "(what it holds is kept: %s)", name, why, age)
+            else:
+                log.info("peer %s left out: %s", name, why)
+        if slow:
+            self._slow.add(name)
+        else:
+            self._slow.discard(name)
         self._down[name] = why
         if self._retry_task is None or self._retry_task.done():
             self._retry_task = asyncio.create_task(self._reprobe())
@@ -337,11 +388,21 @@ class Peers:
             OSError, aiohttp.ClientError, TimeoutError, ValueError: the peer failed in some way.
         """
         timeout = aiohttp.ClientTimeout(total=self.timeout)
-        async with self.session.get(address.client_url() + path, headers=self.headers(),
-                                    timeout=timeout) as response:
-            if response.status != 200:
-                raise ValueError(f"{path} answered {response.status}")
-            return orjson.loads(await read_capped(response, PEER_DOCUMENT_MAX))
+        name = peer_name(address)
+        try:
+            async with self.session.get(address.client_url() + path, headers=self.headers(),
+                                        timeout=timeout) as response:
+                if response.status != 200:
+                    raise ValueError(f"{path} answered {response.status}")
+                doc = orjson.loads(await read_capped(response, PEER_DOCUMENT_MAX))
+        except TimeoutError:
+            self._timed_out.add(name)
+            raise
+        except _FAILURES:  # it answered, wrongly, or the connection failed: no longer "timed out"
+            self._timed_out.discard(name)
+            raise
+        self._timed_out.discard(name)
+        return doc
 
     def _next_mark(self) -> int:
         self._mark = next(self._events)
@@ -395,7 +456,7 @@ class Peers:
             self._waiting[name] = why
             return
         self._waiting.pop(name, None)
-        self.mark_down(address, why)
+        self.mark_down(address, why, slow=timed_out(exc))
 
     async def _probe_one(self, address: HostAddress) -> NodeView | None:
         """The peer's state now, joining a fetch of it already in flight."""
@@ -504,6 +565,25 @@ class Peers:
         found = await asyncio.gather(*(one(a) for a in self.up()))
         return [f for f in found if f is not None]
 
+    def holding(self, ref: str) -> list[Held]:
+        """The unresponsive peers (down because they did not answer in time, not dead) whose last
+        sighting has model ``ref`` loaded or stored, loaded first, then the most recently seen."""
+        out = []
+        now = self.clock()
+        for address in self.addresses:
+            name = peer_name(address)
+            seen = self._seen.get(name)
+            if name not in self._slow or seen is None:
+                continue
+            loaded = seen.view.has_loaded(ref)
+            if loaded or seen.view.has_stored(ref):
+                out.append(Held(address, loaded, max(0.0, now - seen.at)))
+        return sorted(out, key=lambda h: (not h.loaded, h.age))
+
+    def unresponsive(self, address: HostAddress) -> bool:
+        """True when ``address`` is down because it did not answer in time (not dead)."""
+        return peer_name(address) in self._slow
+
     def states(self) -> list[PeerState]:
         """Every configured peer, in order, as last known (no network)."""
         now = self.clock()
@@ -550,9 +630,13 @@ class Peers:
                     continue
                 try:
                     await self._read(by_name[name])
-                except _FAILURES:
+                except _FAILURES as exc:
+                    if name in self._down:  # a dead peer stays dead: its old sighting is not news
+                        self.mark_down(by_name[name], str(exc) or type(exc).__name__,
+                                       slow=timed_out(exc) and name in self._slow)
                     continue
                 self._down.pop(name, None)
+                self._slow.discard(name)
                 log.info("peer %s is back", name)
 
     async def close(self) -> None:

@@ -25,6 +25,13 @@ gets back; this module owns every rule of that choice, and only here is it made:
 
 :class:`Forward` lists the peers to try in order; each that fails before its first byte is
 :meth:`Router.failed` (marked down) and the next is tried, then :attr:`Forward.otherwise`.
+
+**Busy is not down** (docs/aggregation.md#busy-is-not-down): when no node that answers (this one
+included) has the model loaded or stored, but a peer that stopped answering *in time* (unresponsive, not
+dead: :meth:`.peers.Peers.holding`) was last seen holding it, the request is answered 503 with
+``Retry-After`` (:func:`unresponsive_holder`), never sent where it would be a 404 or a pull. For the same
+reason a forward to the peers holding a model this node lacks has no :attr:`Forward.otherwise`: when
+they all fail, the decision is made again, and sees whether they are dead (then as before) or slow.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from typing import cast
 
 from llmman.cluster.affinity import Affinity
 from llmman.cluster.copy import PullSource
-from llmman.cluster.peers import Peers, local_view, peer_name
+from llmman.cluster.peers import Held, Peers, local_view, peer_name
 from llmman.cluster.placement import (
     LOCAL,
     OFF,
@@ -59,12 +66,15 @@ from llmman.cluster.source import configured_source, source_digest, storing_peer
 from llmman.cluster.state import model_loads
 from llmman.config.settings import Settings
 from llmman.config.table import HostAddress
-from llmman.errors import LlmmanError
+from llmman.errors import LlmmanError, ServiceUnavailable
 from llmman.refs import parse_reference
 from llmman.sched.scheduler import Scheduler
 from llmman.store import Store, StoredModel
 
 log = logging.getLogger("llmman.cluster")
+
+#: The error code of a request for a model only an unresponsive peer holds (503, ``Retry-After``).
+PEER_UNRESPONSIVE = "peer_unresponsive"
 
 
 class Intent(Enum):
@@ -290,17 +300,28 @@ class Router:
         left) as :attr:`Forward.otherwise`."""
         peers = self.peers
         assert peers
+        holders = [n for n in nodes if _holds(n, ref)]
+        if not holders:
+            unresponsive_holder(ref, peers.holding(ref), peers.retry)
         candidates = [n for n in ranked if n.name not in tried]
         # Only a request that will load the model copies it (an unload or a show only looks).
         storer = next((n for n in nodes if n.has_stored(ref)), None) if intent is Intent.INFER else None
         targets: list[Target] = []
         for node in candidates:
             if node.is_local:
-                local = Local(PullSource(self._address(storer), peers.api_key)
-                              if storer is not None and not storer.is_local else None)
-                return Forward(tuple(targets), local) if targets else local
+                break
             targets.append(self._target(node, storer, ref))
-        return Forward(tuple(targets), Local()) if targets else Local()
+        here = any(n.is_local for n in candidates)
+        local = Local(PullSource(self._address(storer), peers.api_key)
+                      if storer is not None and not storer.is_local else None) if here else Local()
+        if not targets:
+            return local
+        # This node lacks the model and the peers holding it are among the targets: when they all fail,
+        # decide again (None) rather than copy or pull it here, for they may only be slow to answer.
+        names = {t.name for t in targets}
+        if all(not n.is_local for n in holders) and any(n.name in names for n in holders):
+            return Forward(tuple(targets), None)
+        return Forward(tuple(targets), local)
 
     def _here(self, ref: str, conversation: str | None) -> Local:
         """Served here from the copy loaded here: counted until the scheduler shows it, remembered for
@@ -360,7 +381,9 @@ class Router:
             self.affinity.put(conversation, node)
 
     def failed(self, target: Target, why: str) -> None:
-        """``target`` failed before answering: it is left out until it answers a probe again."""
+        """``target`` failed before answering (or mid-answer): it is left out until it answers a probe
+        again; unresponsive rather than dead when the silence check's own probe timed out
+        (:meth:`.peers.Peers.mark_down`)."""
         if self.peers is not None:
             self.peers.mark_down(target.address, why)
 
@@ -417,6 +440,30 @@ class _OneModel:
     def list(self) -> list[StoredModel]:
         found = self._store.find(parse_reference(self._ref))
         return [] if found is None else [found]
+
+
+def unresponsive_holder(ref: str, held: list[Held], retry: float) -> None:
+    """The busy-is-not-down rule: raise when ``held`` (the unresponsive peers last seen holding
+    ``ref``, :meth:`.peers.Peers.holding`) is not empty, for a decision no answering node can serve from
+    its own store; ``retry`` (the re-probe interval) is the ``Retry-After``.
+
+    Raises:
+        ServiceUnavailable: 503 :data:`PEER_UNRESPONSIVE`, naming the peer and how long ago it was seen.
+    """
+    if not held:
+        return
+    first = held[0]
+    how = "loaded" if first.loaded else "stored"
+    log.debug("placement of %s: only %s holds it (%s, seen %.1f s ago) and it is not answering in time: 503",
+              ref, peer_name(first.address), how, first.age)
+    raise ServiceUnavailable(
+        f"model '{ref}' is on peer {peer_name(first.address)} ({how} there {first.age:.0f} s ago), which is "
+        "not answering in time (busy); try again shortly",
+        code=PEER_UNRESPONSIVE, retry_after=max(1.0, retry))
+
+
+def _holds(node: NodeView, ref: str) -> bool:
+    return node.has_loaded(ref) or node.has_stored(ref)
 
 
 def _looking(intent: Intent, ref: str, nodes: list[NodeView]) -> list[NodeView]:
