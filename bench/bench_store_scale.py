@@ -123,8 +123,13 @@ class Client:
         self.connection = http.client.HTTPConnection(host, int(port), timeout=120)
 
     def get(self, path: str) -> bytes:
-        self.connection.request("GET", path)
-        answer = self.connection.getresponse()
+        try:
+            self.connection.request("GET", path)
+            answer = self.connection.getresponse()
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            self.connection.close()  # idle past the server's keep-alive timeout: connect again, once
+            self.connection.request("GET", path)
+            answer = self.connection.getresponse()
         body = answer.read()
         if answer.status != 200:
             raise BenchError(f"{self.url}{path}: {answer.status} {body[:200]!r}")

@@ -237,8 +237,19 @@ class StoreIndex:
         stamps = self._stamps()  # before reading: a write after this changes them for the next check
         now_ns = int(self._clock() * 1e9)
         entries = self._layout.read_index()["manifests"]
+        # No blob was added, replaced or removed since a trusted read (every put of a manifest writes a
+        # temp file in blobs/ before it touches the blob's mtime): the manifests' mtimes stand.
+        before = self._state
+        same_blobs = before is not None and before.blobs_trusted and before.stamps[1] == stamps[1]
+        mtimes = {m.digest: m.modified_at for m in before.listing.models} if same_blobs and before else {}
         models = []
         for entry in entries:
+            named = entry_name(entry) if mtimes else None
+            known = self._manifests.get(named[1]) if named is not None else None
+            if named is not None and known is not None and named[1] in mtimes:
+                models.append(StoredModel(reference=named[0], digest=named[1], size=known[1],
+                                          modified_at=mtimes[named[1]], manifest=known[0]))
+                continue
             model = read_model(self._layout, entry, self._manifests)
             if model is not None:
                 models.append(model)
