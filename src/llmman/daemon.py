@@ -165,6 +165,10 @@ class _Systemd:
         self._notifier = Notifier(env.notify_socket)
         self._serving = f"serving on {settings.host.client_url()}"
         interval = watchdog_interval(env.watchdog_usec, env.watchdog_pid, os.getpid())
+        if interval is not None and self._notifier.enabled and interval * 2_000_000 > env.watchdog_usec:
+            log.warning("systemd's watchdog (WatchdogSec=, WATCHDOG_USEC=%d) is shorter than llmman pings "
+                        "(every %gs): systemd will keep restarting it; raise WatchdogSec=",
+                        env.watchdog_usec, interval)
         self._watchdog = None if interval is None else Watchdog(self._notifier, interval, problem,
                                                                 serving=self._serving)
         # the shutdown's budget: the grace and its cut margin, then the children's stop (SIGTERM, grace)

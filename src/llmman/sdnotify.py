@@ -21,9 +21,15 @@ import logging
 import socket
 from collections.abc import Callable
 
-__all__ = ["Notifier", "Watchdog", "watchdog_interval"]
+__all__ = ["MIN_PING_S", "Notifier", "Watchdog", "watchdog_interval"]
 
 log = logging.getLogger("llmman")
+
+MIN_PING_S = 0.01
+"""The shortest wait between pings: a ``WatchdogSec=`` of a few microseconds (a typo, ``WATCHDOG_USEC=1``)
+would otherwise have the loop send pings and run health checks without pause, most of a core. A watchdog
+that short cannot be met anyway: systemd restarts the service, as it should for a unit that asks the
+impossible."""
 
 
 class Notifier:
@@ -58,11 +64,11 @@ class Notifier:
 
 def watchdog_interval(usec: int, pid: int, own_pid: int) -> float | None:
     """Seconds between ``WATCHDOG=1`` pings: half of ``WATCHDOG_USEC`` (``usec``, as
-    ``sd_watchdog_enabled(3)`` advises), or None when there is no watchdog (``usec`` 0) or it is meant for
-    another process (``WATCHDOG_PID`` set and not ``own_pid``)."""
+    ``sd_watchdog_enabled(3)`` advises) and never under :data:`MIN_PING_S`, or None when there is no
+    watchdog (``usec`` 0) or it is meant for another process (``WATCHDOG_PID`` set and not ``own_pid``)."""
     if usec <= 0 or (pid and pid != own_pid):
         return None
-    return usec / 2 / 1_000_000
+    return max(MIN_PING_S, usec / 2 / 1_000_000)
 
 
 class Watchdog:

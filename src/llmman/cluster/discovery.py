@@ -4,7 +4,8 @@
 looked up (A and AAAA, at once) and each address is a peer at PORT (17434 without a scheme, 80/443 with
 one). A NAME whose first label starts with ``_`` (``_llmman._tcp.llmman-peers.llmman.svc.cluster.local``)
 is an SRV name: every target of its records is a peer at the record's port (the targets looked up as
-above; priority and weight are ignored: every target is a member, placement decides the rest).
+above; priority and weight are ignored: every target is a member, placement decides the rest; a record
+whose target is ``.`` or whose port is 0 names no service and is skipped).
 IP literals and ``localhost`` stay one static peer each (:func:`llmman.cluster.peers.parse_peers`).
 
 **Re-resolution.** Each name is looked up again after its answer's TTL, clamped to
@@ -26,7 +27,8 @@ a middleware of the peer session, sends each request to such an address with the
 
 **Itself.** The addresses that are this node (:func:`llmman.cluster.source.is_self`: its own address and
 port, or any address of this machine on its port when it listens on a wildcard; the addresses of its
-``LLMMAN_HOST`` when that is a name) are left out.
+``LLMMAN_HOST`` when that is a name) are left out. An address found twice (two names, a name and a static
+entry, ``[0:0::1]`` and ``::1``) is one peer, the first entry's.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ RETRY_S = 5.0  # after a failed lookup, or one that found no address
 HOSTS_TTL_S = 30.0  # an answer of getaddrinfo (hosts file, mDNS) has no TTL of its own
 LOOKUP_TIMEOUT_S = 3.0  # one lookup, all its queries and retries included
 DNS_PORT = 53
+LOG_ADDRESSES = 8  # addresses of a set a log line names; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,7 @@ class DnsLookup:
             return await self._addresses(entry.name, entry.port)
         records, ttl = await self._query(entry.name, dns.rdatatype.SRV)
         targets = dict.fromkeys((str(r.target).rstrip(".").lower(), int(r.port)) for r in records
-                                if str(r.target) != ".")
+                                if str(r.target) != "." and int(r.port) > 0)  # port 0: no service there
         answers = await asyncio.gather(*(self._addresses(name, port) for name, port in targets))
         ttls = [t for t in (ttl, *(a.ttl for a in answers)) if t is not None]
         return Answer(tuple(f for a in answers for f in a.found), min(ttls) if ttls else None)
@@ -351,16 +354,16 @@ class Discovery:
 
     def addresses(self) -> tuple[HostAddress, ...]:
         """The peers now: every entry in order, a DNS entry as its current set, this node left out."""
-        out: list[HostAddress] = []
+        out: dict[tuple[str, str, int], HostAddress] = {}  # one peer per scheme, address and port
         for entry in self.entries:
             if isinstance(entry, HostAddress):
-                out.append(entry)
+                out.setdefault(_key(entry), entry)
                 continue
             for found in self._sets.get(entry, EntrySet()).found:
                 address = as_address(entry, found)
                 if not self.is_own(address):
-                    out.append(address)
-        return tuple(dict.fromkeys(out))
+                    out.setdefault(_key(address), address)
+        return tuple(out.values())
 
     def is_own(self, address: HostAddress) -> bool:
         """True when ``address`` is this node (:func:`.source.is_self`, or one of the addresses its
@@ -439,8 +442,22 @@ class Discovery:
         if previous is not None and previous.failing is not None:
             log.info("aggregation.peers: %s resolves again", entry)
         if previous is None or previous.found != now.found:
-            shown = ", ".join(f"{_bracket(f.host)}:{f.port}" for f in now.found) or "no address"
-            log.info("aggregation.peers: %s is %s (next lookup in %gs)", entry, shown, now.wait)
+            log.info("aggregation.peers: %s is %s (next lookup in %gs)", entry, _shown(now.found), now.wait)
+
+
+def _shown(found: tuple[Found, ...]) -> str:
+    """A set for the log: its first :data:`LOG_ADDRESSES` addresses and how many more (a name of hundreds of
+    addresses that changes every second must not write kilobytes a second)."""
+    if not found:
+        return "no address"
+    shown = ", ".join(f"{_bracket(f.host)}:{f.port}" for f in found[:LOG_ADDRESSES])
+    more = len(found) - LOG_ADDRESSES
+    return f"{len(found)} addresses: {shown} and {more} more" if more > 0 else shown
+
+
+def _key(address: HostAddress) -> tuple[str, str, int]:
+    """What makes two peer addresses one peer: scheme, host in its canonical text, port."""
+    return address.scheme, normal_host(address.host), address.port
 
 
 def _bracket(host: str) -> str:
