@@ -92,9 +92,6 @@ def test_a_watchdog_shorter_than_the_pings_is_warned_of(tmp_path: Path,
     assert "WATCHDOG_USEC=1) is shorter than llmman pings" in caplog.text
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="config/environment.py (the lead's) _int: '²'.isdigit() is True but int('²') "
-                          "raises; fix: `text.isascii() and text.isdigit()`")
 @pytest.mark.parametrize("variable", ["WATCHDOG_USEC", "WATCHDOG_PID"])
 def test_a_superscript_digit_is_no_number(variable: str) -> None:
     environment = read_environment({"HOME": "/nonexistent", variable: "\u00b2"})

@@ -87,4 +87,4 @@ def read_environment(env: Mapping[str, str]) -> Environment:
 
 def _int(text: str) -> int:
     """A variable that systemd sets to a decimal number; anything else (unset, garbage) is 0."""
-    return int(text) if text.isdigit() else 0
+    return int(text) if text.isascii() and text.isdigit() else 0  # '²'.isdigit() is True, int('²') fails
