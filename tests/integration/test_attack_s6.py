@@ -2,13 +2,19 @@
 tests/integration/test_dns_peers.py runs it) serving an SRV record whose port is 0 (no service: no peer)
 and a name of 200 addresses (more than a UDP answer holds: the lookup goes on over TCP and finds them all);
 a real daemon whose ``NOTIFY_SOCKET`` is a directory and whose ``WATCHDOG_USEC`` is 1 starts, serves and
-says the watchdog cannot be met, and one whose DNS server never answers serves at once.
+says the watchdog cannot be met, and one whose DNS server never answers serves at once; ``llmman serve`` in
+an environment whose server extra is there but broken (aiohttp without its ``yarl``: this venv's
+site-packages less that one package, on the bare interpreter) says so in one line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import site
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +22,7 @@ import httpx
 import pytest
 
 from llmman.cluster.discovery import DnsEntry, DnsLookup
-from tests.integration.daemons import start_daemon, wait_until
+from tests.integration.daemons import REPO, start_daemon, wait_until
 from tests.integration.test_dns_peers import DNSMASQ, NAME, SRV, Dnsmasq, start_dnsmasq
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
@@ -80,3 +86,22 @@ def test_a_dns_server_that_never_answers_does_not_hold_up_the_daemon(tmp_path: P
             wait_until(lambda: "looking up a.llmman.test:17434 failed" in d.log_text(), "the failed lookup")
         finally:
             d.stop()
+
+
+def test_serve_with_a_broken_server_extra_says_so_in_one_line(tmp_path: Path) -> None:
+    packages = Path(next(p for p in site.getsitepackages() if p.startswith(sys.prefix)))
+    assert (packages / "yarl").is_dir() and (packages / "aiohttp").is_dir()
+    less = tmp_path / "site-packages"  # every package of this venv but yarl, which aiohttp imports
+    less.mkdir()
+    for entry in packages.iterdir():
+        if entry.name != "yarl" and not entry.name.startswith("yarl-"):
+            (less / entry.name).symlink_to(entry)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LLMMAN_MODELS": str(tmp_path / "store"),
+           "PYTHONPATH": os.pathsep.join((str(less), str(REPO / "src")))}
+    done = subprocess.run([os.path.realpath(sys.executable), "-s", "-m", "llmman", "serve"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("Error: llmman serve cannot load llmman's server extra, which is installed "
+                                  "but broken (No module named 'yarl'); reinstall it with: "), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr

@@ -28,10 +28,16 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     Without the ``server`` extra this is one line saying what to install (exit 1); without a
     llama-server, the daemon's own message names the three ways to get one (runner/binary.py).
     """
-    from llmman.cli.serve_check import check_server_extra
+    from llmman.cli.serve_check import broken_server_extra, check_server_extra
 
     check_server_extra()
-    from llmman.daemon import serve  # imported here: the server's dependencies only load for `serve`
+    try:
+        from llmman.daemon import serve  # imported here: the server's dependencies only load for `serve`
+    except ImportError as exc:  # the extra is there but a module of it does not load
+        error = broken_server_extra(exc)
+        if error is None:
+            raise
+        raise error from None
 
     return int(serve(settings, preload=args.model))
 
