@@ -4,12 +4,16 @@ and a name of 200 addresses (more than a UDP answer holds: the lookup goes on ov
 a real daemon whose ``NOTIFY_SOCKET`` is a directory and whose ``WATCHDOG_USEC`` is 1 starts, serves and
 says the watchdog cannot be met, and one whose DNS server never answers serves at once; ``llmman serve`` in
 an environment whose server extra is there but broken (aiohttp without its ``yarl``: this venv's
-site-packages less that one package, on the bare interpreter) says so in one line.
+site-packages less that one package, on the bare interpreter) says so in one line. Last, a peer the name
+stops naming in the middle of a streamed answer it is giving through another node (two real daemons, the
+fake llama-server streaming slowly): the answer finishes whole, and the next request for that model,
+stored nowhere else now, is a clean 404.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import site
 import socket
@@ -22,8 +26,18 @@ import httpx
 import pytest
 
 from llmman.cluster.discovery import DnsEntry, DnsLookup
-from tests.integration.daemons import REPO, start_daemon, wait_until
-from tests.integration.test_dns_peers import DNSMASQ, NAME, SRV, Dnsmasq, start_dnsmasq
+from tests.fakes.fake_llama_server import make_launcher as make_fake_binary
+from tests.fakes.inprocess import make_store
+from tests.integration.daemons import REPO, free_port, start_daemon, wait_until
+from tests.integration.test_dns_peers import (
+    DNSMASQ,
+    NAME,
+    SRV,
+    Dnsmasq,
+    peer_addresses,
+    peers_up,
+    start_dnsmasq,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
               pytest.mark.skipif(DNSMASQ is None, reason="needs dnsmasq (Debian's dnsmasq-base)")]
@@ -105,3 +119,39 @@ def test_serve_with_a_broken_server_extra_says_so_in_one_line(tmp_path: Path) ->
     assert done.stderr.startswith("Error: llmman serve cannot load llmman's server extra, which is installed "
                                   "but broken (No module named 'yarl'); reinstall it with: "), done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_peer_removed_mid_answer_finishes_it(tmp_path: Path, dnsmasq: Dnsmasq) -> None:
+    port = free_port("127.0.0.2")
+    dnsmasq.serve(["127.0.0.2", "127.0.0.3"])
+    started = []
+    try:
+        for name, host in (("n1", "127.0.0.2"), ("n2", "127.0.0.3")):
+            tmp = tmp_path / name
+            (tmp / "bin").mkdir(parents=True)
+            make_store(tmp, ("tiny",) if name == "n2" else ())
+            started.append(start_daemon(tmp, host=host, port=port, extra_env={
+                "LLMMAN_LLAMA_SERVER": str(make_fake_binary(tmp / "bin")), "LLMMAN_NODE_NAME": name,
+                "LLMMAN_PEERS": f"{NAME}:{port}", "LLMMAN_PEER_DNS": dnsmasq.server, "LLMMAN_MEMORY": "4GB",
+                "FAKE_REPLY": " ".join(f"w{i}" for i in range(300)), "FAKE_TOKEN_DELAY": "0.05"}))
+        n1 = started[0]
+        wait_until(lambda: peers_up(n1) == {f"127.0.0.3:{port}"}, "n1 to see n2")
+        body = {"model": "tiny", "prompt": "hi", "stream": True}
+        words: list[str] = []
+        with httpx.stream("POST", n1.url + "/api/generate", json=body, timeout=60) as answer:
+            assert answer.status_code == 200 and answer.headers["x-llmman-node"] == "n2"
+            lines = answer.iter_lines()
+            words.append(json.loads(next(lines))["response"])
+            dnsmasq.serve(["127.0.0.2"])  # n2 leaves the name while it answers
+            wait_until(lambda: peer_addresses(n1) == set(), "n1 to drop n2")
+            at_removal = len(words)
+            events = [json.loads(line) for line in lines if line]
+        words += [e.get("response", "") for e in events]
+        assert events[-1]["done"] is True, events[-1]
+        assert "".join(words).split() == [f"w{i}" for i in range(300)]  # whole, nothing lost or doubled
+        assert len(events) > at_removal  # it was still streaming when n2 was dropped
+        r = httpx.post(n1.url + "/api/generate", json={**body, "stream": False}, timeout=60)
+        assert r.status_code == 404, r.text  # stored nowhere n1 knows now
+    finally:
+        for d in started:
+            d.stop()
