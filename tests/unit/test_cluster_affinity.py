@@ -127,3 +127,10 @@ async def test_local_pending_stops_counting_a_request_that_ended() -> None:
     release.set()
     await asyncio.gather(*running)
     assert pending.busy("M", 0) == 0
+
+
+@pytest.mark.parametrize("role", [["system"], {"r": 1}, 3])
+def test_an_unhashable_or_odd_role_is_no_error(role: object) -> None:
+    """A fuzzed ``role`` (a list is unhashable) keys on the first user turn, not a TypeError (a 500)."""
+    messages = [{"role": role, "content": "x"}, {"role": "user", "content": "hi"}]
+    assert conversation_key("m", messages) == conversation_key("m", [{"role": "user", "content": "hi"}])

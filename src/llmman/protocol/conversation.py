@@ -36,7 +36,7 @@ def conversation_key(model: str, messages: object, system: object = None) -> str
     leading = True
     for message in messages:
         role = message.get("role") if isinstance(message, dict) else None
-        if leading and role in SYSTEM_ROLES:
+        if leading and isinstance(role, str) and role in SYSTEM_ROLES:  # a list role is unhashable
             assert isinstance(message, dict)
             prompts.append(message.get("content"))
             continue
