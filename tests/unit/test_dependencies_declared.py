@@ -1,5 +1,6 @@
 """Every third-party module ``src/llmman`` imports comes from a distribution ``pyproject.toml`` declares in
-``[project] dependencies``, not one that merely happens to arrive with another package."""
+``[project] dependencies`` or its ``server`` extra (the daemon's; tests/unit/test_install_extras.py checks
+which side each belongs to), not one that merely happens to arrive with another package."""
 
 from __future__ import annotations
 
@@ -20,10 +21,16 @@ def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _declared() -> set[str]:
+def _requirements() -> list[str]:
+    """The base dependencies and the ``server`` extra's (llmman's own ``llmman[...]`` entries left out)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    extra = [r for r in project["optional-dependencies"]["server"] if not r.startswith("llmman")]
+    return [*project["dependencies"], *extra]
+
+
+def _declared() -> set[str]:
     names = set()
-    for requirement in project["dependencies"]:
+    for requirement in _requirements():
         match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
         assert match, requirement
         names.add(_normal(match[1]))
@@ -57,7 +64,7 @@ def test_every_imported_distribution_is_declared() -> None:
         assert dists, f"{module} (imported in {where}) is not installed"
         if not dists & declared:
             missing.append(f"{module} (imported in {where}; from {', '.join(sorted(dists))})")
-    assert missing == [], "add to [project] dependencies: " + "; ".join(missing)
+    assert missing == [], "add to [project] dependencies or the server extra: " + "; ".join(missing)
 
 
 def test_the_scan_sees_the_imports_it_must() -> None:
@@ -67,8 +74,7 @@ def test_the_scan_sees_the_imports_it_must() -> None:
 
 
 def test_uvicorns_fast_parts_are_named_not_its_standard_extra() -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    requirements = {_normal(re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0]): r for r in project["dependencies"]}
+    requirements = {_normal(re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0]): r for r in _requirements()}
     assert "[" not in requirements["uvicorn"]  # [standard] also brings websockets, watchfiles, dotenv
     assert "httptools" in requirements
     assert "sys_platform != 'win32'" in requirements["uvloop"]  # uvloop has no Windows build
