@@ -124,6 +124,7 @@ async def test_a_forward_failure_is_judged_by_the_last_probe(peer: Peer,
     r = router(peers)
     r.failed(Target(peer.address), "reset mid-answer")
     assert not peers.unresponsive(peer.address) and peers.holding(M) == []
+    await peers.close()
     peers = Peers(session, (peer.address,), timeout=0.3, retry=3600)
     await peers.probe()
     peer.mode = "hold"

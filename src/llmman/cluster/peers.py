@@ -620,24 +620,30 @@ class Peers:
             await self._sleep(jittered(self.refresh, self._rng))
 
     async def _reprobe(self) -> None:
-        """Re-probe the down peers every ``retry`` seconds until none is left."""
+        """Re-probe the down peers every ``retry`` seconds, all at once (one silent peer's timeout does
+        not delay another's return), until none is left."""
         while self._down:
             await asyncio.sleep(self.retry)
             by_name: Mapping[str, HostAddress] = {peer_name(a): a for a in self.addresses}
-            for name in list(self._down):
-                if name not in by_name:  # removed from the set meanwhile
-                    self._down.pop(name, None)
-                    continue
-                try:
-                    await self._read(by_name[name])
-                except _FAILURES as exc:
-                    if name in self._down:  # a dead peer stays dead: its old sighting is not news
-                        self.mark_down(by_name[name], str(exc) or type(exc).__name__,
-                                       slow=timed_out(exc) and name in self._slow)
-                    continue
+            for name in [n for n in self._down if n not in by_name]:  # removed from the set meanwhile
                 self._down.pop(name, None)
                 self._slow.discard(name)
-                log.info("peer %s is back", name)
+            await asyncio.gather(*(self._reprobe_one(by_name[name]) for name in list(self._down)))
+
+    async def _reprobe_one(self, address: HostAddress) -> None:
+        """One re-probe of the down peer ``address``: back when it answers; dead when it now refuses (an
+        unresponsive peer that stops accepting), else left as it was."""
+        name = peer_name(address)
+        try:
+            await self._read(address)
+        except _FAILURES as exc:
+            if name in self._down:  # a dead peer stays dead: its old sighting is not news
+                still_slow = timed_out(exc) and name in self._slow
+                self.mark_down(address, str(exc) or type(exc).__name__, slow=still_slow)
+            return
+        if self._down.pop(name, None) is not None:
+            self._slow.discard(name)
+            log.info("peer %s is back", name)
 
     async def close(self) -> None:
         """Stop the background refresh, re-probe and DNS following."""
