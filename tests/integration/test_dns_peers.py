@@ -77,11 +77,13 @@ class Dnsmasq:
         """``name``'s A and AAAA addresses as dnsmasq answers now (none when it does not answer)."""
         resolver = dns.resolver.Resolver(configure=False)
         resolver.nameservers, resolver.port, resolver.lifetime = ["127.0.0.1"], self.port, 2.0
-        try:
-            return [r.address for t in ("A", "AAAA")
-                    for r in resolver.resolve(name, t, raise_on_no_answer=False)]
-        except dns.exception.DNSException:
-            return []
+        found: list[str] = []
+        for rdtype in ("A", "AAAA"):
+            try:
+                found += [r.address for r in resolver.resolve(name, rdtype, raise_on_no_answer=False)]
+            except dns.exception.DNSException:
+                continue
+        return found
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -89,15 +91,18 @@ class Dnsmasq:
             self.process.wait(timeout=10)
 
 
-def start_dnsmasq(tmp: Path, srv_port: int) -> Dnsmasq:
-    """dnsmasq in the foreground on a free port (another try on a fresh port if it could not bind)."""
+def start_dnsmasq(tmp: Path, srv_port: int, *, local: bool = True) -> Dnsmasq:
+    """dnsmasq in the foreground on a free port (another try on a fresh port if it could not bind).
+    Without ``local`` it is not authoritative for ``llmman.test``: it answers the A records of its hosts
+    file but refuses AAAA (it has no upstream to ask), as a user's plain dnsmasq line does."""
     hosts = tmp / "hosts"
     hosts.write_text(f"127.0.0.2 {NAME}\n::1 {NAME}\n")
     for _ in range(5):
         port = free_port()
         argv = [str(DNSMASQ), "--no-daemon", "--no-resolv", "--no-hosts", f"--port={port}",
                 "--listen-address=127.0.0.1", "--bind-interfaces", f"--addn-hosts={hosts}", "--local-ttl=1",
-                "--local=/llmman.test/", f"--srv-host={SRV},{NAME},{srv_port}", "--pid-file=",
+                *(["--local=/llmman.test/"] if local else []), f"--srv-host={SRV},{NAME},{srv_port}",
+                "--pid-file=",
                 "--log-facility=-"]
         with (tmp / "dnsmasq.log").open("ab") as log:
             process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
@@ -161,6 +166,23 @@ def test_a_name_that_does_not_exist_is_no_address_and_a_refusal_is_a_failure(dns
     assert answer.found == ()
     with pytest.raises(LookupFailed, match="REFUSED"):  # outside llmman.test dnsmasq has no upstream
         asyncio.run(lookup(DnsEntry("http", "elsewhere.example", 1, False)))
+
+
+def test_a_server_that_refuses_aaaa_still_gives_the_a_records(tmp_path: Path) -> None:
+    """dnsmasq without ``--local`` answers A from its hosts file and REFUSED for AAAA: the IPv4 peers stay."""
+    d = start_dnsmasq(tmp_path, 9, local=False)
+    try:
+        d.hosts.write_text(f"127.0.0.2 {NAME}\n127.0.0.3 {NAME}\n")
+        d.process.send_signal(signal.SIGHUP)
+        wait_until(lambda: sorted(d.ask(NAME)) == ["127.0.0.2", "127.0.0.3"], "dnsmasq to serve two", 20)
+        resolver = dns.resolver.Resolver(configure=False)
+        resolver.nameservers, resolver.port = ["127.0.0.1"], d.port
+        with pytest.raises(dns.resolver.NoNameservers, match="REFUSED"):  # the condition under test
+            resolver.resolve(NAME, "AAAA")
+        answer = asyncio.run(DnsLookup(d.server)(DnsEntry("http", NAME, 9000, False)))
+        assert sorted(f.host for f in answer.found) == ["127.0.0.2", "127.0.0.3"]
+    finally:
+        d.stop()
 
 
 # -- a pool that grows and shrinks ------------------------------------------------------------------

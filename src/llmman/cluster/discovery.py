@@ -245,20 +245,27 @@ class DnsLookup:
         return Answer(tuple(f for a in answers for f in a.found), min(ttls) if ttls else None)
 
     async def _addresses(self, name: str, port: int) -> Answer:
-        """``name``'s A and AAAA addresses at ``port``; the smallest TTL of the two."""
+        """``name``'s A and AAAA addresses at ``port``; the smallest TTL of the two.
+
+        One type failing does not lose the other's records: a server that answers A but refuses AAAA
+        (dnsmasq without ``--local``, some home routers) still gives the IPv4 peers. Only when neither
+        type gave a record and one failed is the lookup a failure (the last good set is kept).
+        """
         failed: LookupFailed | None = None
         found: list[Found] = []
         ttls: list[float] = []
         if self._resolver is not None:
-            try:
-                both = await asyncio.gather(self._query(name, dns.rdatatype.A),
-                                            self._query(name, dns.rdatatype.AAAA))
-            except LookupFailed as exc:
-                failed = exc
-            else:
-                for records, ttl in both:
-                    found += [Found(normal_host(r.address), port, name) for r in records]
-                    ttls += [ttl] if ttl is not None and records else []
+            both = await asyncio.gather(self._query(name, dns.rdatatype.A),
+                                        self._query(name, dns.rdatatype.AAAA), return_exceptions=True)
+            for outcome in both:
+                if isinstance(outcome, LookupFailed):
+                    failed = failed or outcome
+                    continue
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                records, ttl = outcome
+                found += [Found(normal_host(r.address), port, name) for r in records]
+                ttls += [ttl] if ttl is not None and records else []
         if found:
             return Answer(tuple(found), min(ttls) if ttls else None)
         if self.system:
