@@ -45,7 +45,8 @@ background views it saves nothing more, and it is kept for the router that reads
 sighting, down or waiting state, recent memory), so views, ``/llmman/pool`` and every decision see the
 current set without a restart. A peer whose ``/llmman/node`` carries this node's own id
 (:data:`.source.NODE_ID`, when the document has one) is this node by another address: it is dropped and
-kept out.
+kept out; one whose document carries another peer's id is that peer at a second address (a node bound to
+every address, a dual-stack pod): it is left out while that peer's address is in the set.
 """
 
 from __future__ import annotations
@@ -265,6 +266,8 @@ class Peers:
         self.discovery = discovery
         self.node_id = node_id
         self._itself: set[str] = set()  # peer names whose document carried our node id
+        self._ids: dict[str, str] = {}  # peer name -> the node id its last document carried
+        self._same: dict[str, str] = {}  # peer name -> the peer it is too (the same node id): left out
         self.api_key = api_key
         self.timeout = timeout
         self.retry = retry
@@ -313,7 +316,13 @@ class Peers:
     def update(self, addresses: Iterable[HostAddress]) -> None:
         """The peer set is now ``addresses`` (this node's own left out): a new peer gets its refresh
         (once started); a removed one has its refresh stopped and everything known of it dropped."""
-        new = tuple(dict.fromkeys(a for a in addresses if peer_name(a) not in self._itself))
+        addresses = tuple(addresses)
+        offered = {peer_name(a) for a in addresses}
+        for name, twin in list(self._same.items()):
+            if twin not in offered:  # the address it was kept out for is gone: it is that node now
+                del self._same[name]
+        new = tuple(dict.fromkeys(a for a in addresses
+                                  if peer_name(a) not in self._itself and peer_name(a) not in self._same))
         names = {peer_name(a) for a in new}
         gone = [a for a in self.addresses if peer_name(a) not in names]
         came = [a for a in new if peer_name(a) not in self._names]
@@ -336,6 +345,7 @@ class Peers:
         if watcher is not None:
             watcher.cancel()
         self._seen.pop(name, None)
+        self._ids.pop(name, None)
         self._down.pop(name, None)
         self._slow.discard(name)
         self._timed_out.discard(name)
@@ -348,6 +358,15 @@ class Peers:
         if name not in self._itself:
             log.info("aggregation.peers: %s is this node itself (its node id); left out", name)
         self._itself.add(name)
+        self.update(self.addresses)
+
+    def _same_as(self, address: HostAddress, twin: str) -> None:
+        """``address`` answered with the node id of peer ``twin``: the same node at another address (a
+        node bound to every address; a dual-stack pod), dropped while ``twin`` is in the set."""
+        name = peer_name(address)
+        if name not in self._same:
+            log.info("aggregation.peers: %s is %s again (the same node id); left out", name, twin)
+        self._same[name] = twin
         self.update(self.addresses)
 
     def mark_down(self, address: HostAddress, why: str, *, slow: bool | None = None) -> None:
@@ -425,6 +444,14 @@ class Peers:
             raise ValueError("this node itself")
         if name not in self._names:  # removed from the set while the fetch was out
             raise ValueError("no longer a peer")
+        node = doc.get("id") if isinstance(doc, dict) else None
+        if isinstance(node, str) and node:
+            twin = next((n for n, i in self._ids.items() if i == node and n != name and n in self._names),
+                        None)
+            if twin is not None:
+                self._same_as(address, twin)
+                raise ValueError(f"the same node as {twin}")
+            self._ids[name] = node
         if self._waiting.pop(name, None) is not None:
             log.info("peer %s is up", name)
         version = doc.get("version") if isinstance(doc, dict) else None
