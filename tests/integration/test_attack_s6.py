@@ -9,7 +9,7 @@ stops naming in the middle of a streamed answer it is giving through another nod
 fake llama-server streaming slowly): the answer finishes whole, and the next request for that model,
 stored nowhere else now, is a clean 404. And a node the name gives at two addresses (a node bound to
 ``0.0.0.0`` on a machine of two addresses; a dual-stack Service's IPv4 and IPv6 address of one pod) is one
-node of the pool, not two (xfail: cluster/peers.py's).
+node of the pool, not two.
 """
 
 from __future__ import annotations
@@ -160,8 +160,6 @@ def test_a_peer_removed_mid_answer_finishes_it(tmp_path: Path, dnsmasq: Dnsmasq)
             d.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="cluster/peers.py (helper H's): peers are told apart by address only; "
-                   "a peer whose /llmman/node carries another peer's node id is that peer again")
 def test_a_node_at_two_addresses_of_the_name_is_one_node(tmp_path: Path, dnsmasq: Dnsmasq) -> None:
     port = free_port()
     dnsmasq.serve(["127.0.0.2", "127.0.0.3"])  # both are the one node below, bound to every address

@@ -144,9 +144,6 @@ def test_a_notify_socket_that_cannot_be_sent_to_is_no_error(tmp_path: Path, kind
 # -- a peer set that churns ----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="cluster/peers.py (helper H's): Peers._fetching keeps the last fetch "
-                   "task of every peer name ever seen; fix: in _probe_one, fetch.add_done_callback(...) that "
-                   "pops self._fetching[name] when it is still that task")
 async def test_peers_that_come_and_go_leave_nothing_behind() -> None:
     async with aiohttp.ClientSession() as session:
         peers = Peers(session, (), timeout=2.0)
@@ -159,9 +156,6 @@ async def test_peers_that_come_and_go_leave_nothing_behind() -> None:
         await peers.close()
 
 
-@pytest.mark.xfail(strict=True, reason="cluster/peers.py (helper H's): Peers._reprobe reads the down peers "
-                   "one after another, so N unresponsive peers make a round N probe timeouts long; fix: read "
-                   "them at once (asyncio.gather over the down peers, a bounded semaphore if need be)")
 async def test_a_peer_back_is_seen_without_waiting_on_every_unresponsive_one() -> None:
     holes = [socket.socket() for _ in range(20)]  # each accepts (the kernel's backlog), never answers
     for hole in holes:

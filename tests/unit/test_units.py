@@ -119,7 +119,9 @@ def test_render_refuses_paths_a_unit_cannot_carry(bad: str) -> None:
 def test_in_a_home() -> None:
     assert in_a_home(["/usr/local/bin/llmman", "/root/.pyenv/bin/python3"]) == "/root/.pyenv/bin/python3"
     assert in_a_home(["/home/ann/.local/bin/llmman"]) == "/home/ann/.local/bin/llmman"
-    assert in_a_home(["/opt/llmman/bin/llmman", "/usr/bin/python3.11", "/homely/x"]) is None
+    assert in_a_home(["/opt/llmman/bin/llmman", "/usr/bin/python3.11", "/homely/x", "/tmpfoo/x"]) is None
+    assert in_a_home(["/usr/bin/llmman", "/tmp/venv/bin/python"]) == "/tmp/venv/bin/python"
+    assert in_a_home(["/var/tmp/x/llmman"]) == "/var/tmp/x/llmman"
 
 
 def test_this_llmman_is_the_venvs_script() -> None:
@@ -180,13 +182,32 @@ def test_a_different_unit_is_replaced_only_with_force(config_home: Path, tmp_pat
 
 
 def test_system_unit_to_a_unit_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    exe = _script(tmp_path)
+    exe = "/bin/true"  # an executable outside /home, /root and /tmp (tmp_path is in /tmp: hidden from it)
     target = tmp_path / "staging"
     assert main(["install-service", "--executable", exe, "--unit-dir", str(target)]) == 0
     assert (target / UNIT_NAME).read_text() == render(exe, user=False)
     out = capsys.readouterr().out
+    assert f"systemd does not read {target}: copy {target / UNIT_NAME} to /etc/systemd/system/" in out
     assert "systemctl daemon-reload && systemctl enable --now llmman.service" in out
     assert "journalctl -u llmman" in out
+
+
+def test_a_system_unit_refuses_an_llmman_in_tmp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """PrivateTmp=yes gives the service its own /tmp: an llmman installed there could not start."""
+    exe = _script(tmp_path)
+    assert exe.startswith("/tmp/")
+    assert main(["install-service", "--executable", exe, "--unit-dir", str(tmp_path / "units")]) == 1
+    assert "PrivateTmp=yes" in capsys.readouterr().err
+    assert not (tmp_path / "units").exists()
+
+
+def test_print_warns_of_what_writing_would_refuse(capsys: pytest.CaptureFixture[str]) -> None:
+    """This test's Python lives in a home or /tmp on most machines; where it does not, nothing is said."""
+    assert main(["install-service", "--print"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == render(this_llmman(""), user=False)
+    hidden = in_a_home([this_llmman(""), os.path.realpath(this_llmman("")), os.path.realpath(sys.executable)])
+    assert ("Warning:" in captured.err) == (hidden is not None)
 
 
 def test_refuses_what_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

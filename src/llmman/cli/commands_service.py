@@ -23,7 +23,9 @@ from llmman.errors import LlmmanError
 
 __all__ = ["cmd_install_service", "in_a_home", "this_llmman"]
 
-_HOMES = ("/home/", "/root/", "/run/user/")  # what ProtectHome=yes hides from the system service
+# What the system service cannot see: ProtectHome=yes hides the homes, PrivateTmp=yes (DynamicUser implies
+# it) gives it its own empty /tmp and /var/tmp.
+_HIDDEN = ("/home/", "/root/", "/run/user/", "/tmp/", "/var/tmp/")
 
 
 def this_llmman(path_env: str) -> str:
@@ -57,25 +59,33 @@ def _check_runnable(executable: str, *, user: bool, ours: bool) -> None:
     paths = [executable, os.path.realpath(executable)]
     if ours:
         paths.append(os.path.realpath(sys.executable))
+    problem = _hidden_problem(paths)
+    if problem is not None:
+        raise LlmmanError(problem)
+
+
+def _hidden_problem(paths: list[str]) -> str | None:
+    """Why a system service could not run the first of ``paths`` that it cannot see, or None."""
     hidden = in_a_home(paths)
-    if hidden is not None:
-        raise LlmmanError(
-            f"{hidden} is in a home directory, which the system service cannot see (ProtectHome=yes): "
-            "install llmman outside /home and /root (for example `pipx install --global`, or a "
-            "virtual environment in /opt linked from /usr/local/bin), or run it as your own user "
-            "with `llmman install-service --user`")
+    if hidden is None:
+        return None
+    return (f"{hidden} is in a home directory or a temporary folder, which the system service cannot see "
+            "(ProtectHome=yes, PrivateTmp=yes): install llmman outside /home, /root and /tmp (for example "
+            "`pipx install --global`, or a virtual environment in /opt linked from /usr/local/bin), or run "
+            "it as your own user with `llmman install-service --user`")
 
 
 def in_a_home(paths: list[str]) -> str | None:
-    """The first of ``paths`` under ``/home``, ``/root`` or ``/run/user`` (what ``ProtectHome=yes`` hides),
-    or None."""
-    return next((path for path in paths if path.startswith(_HOMES)), None)
+    """The first of ``paths`` under ``/home``, ``/root``, ``/run/user`` (what ``ProtectHome=yes`` hides),
+    ``/tmp`` or ``/var/tmp`` (private to the service with ``PrivateTmp=yes``), or None."""
+    return next((path for path in paths if path.startswith(_HIDDEN)), None)
 
 
-def _next_steps(path: Path, *, user: bool) -> str:
-    """What to run now that the unit is written."""
+def _next_steps(path: Path, *, user: bool, where: Path) -> str:
+    """What to run now that the unit is written (``where``: the folder systemd reads it from)."""
     ctl = "systemctl --user" if user else "systemctl"
-    lines = [f"{ctl} daemon-reload && {ctl} enable --now {UNIT_NAME}"]
+    lines = [] if path.parent == where else [f"systemd does not read {path.parent}: copy {path} to {where}/"]
+    lines.append(f"{ctl} daemon-reload && {ctl} enable --now {UNIT_NAME}")
     if user:
         lines.append("to keep it running while you are logged out: loginctl enable-linger \"$USER\"")
     else:
@@ -98,12 +108,15 @@ def cmd_install_service(args: argparse.Namespace, settings: Settings) -> int:
         raise LlmmanError(str(exc)) from None
     if args.print:
         sys.stdout.write(text)
+        if not args.user and not args.executable:  # what writing it would refuse, said but not refused
+            problem = _hidden_problem([executable, os.path.realpath(executable),
+                                       os.path.realpath(sys.executable)])
+            if problem is not None:
+                print(f"Warning: {problem}", file=sys.stderr)
         return 0
     _check_runnable(executable, user=args.user, ours=not args.executable)
-    if args.unit_dir:
-        directory = Path(args.unit_dir)
-    else:
-        directory = user_dir(user_config_path().parent.parent) if args.user else SYSTEM_DIR
+    systemd_dir = user_dir(user_config_path().parent.parent) if args.user else SYSTEM_DIR
+    directory = Path(args.unit_dir) if args.unit_dir else systemd_dir
     path = directory / UNIT_NAME
     try:
         existing = path.read_text(encoding="utf-8") if path.exists() else None
@@ -121,9 +134,11 @@ def cmd_install_service(args: argparse.Namespace, settings: Settings) -> int:
             temporary.chmod(0o644)
             temporary.replace(path)  # whole or not at all: systemd never reads half a unit
             print(f"{'replaced' if existing is not None else 'wrote'} {path}")
-    except PermissionError:
+    except PermissionError as exc:
+        if args.user or args.unit_dir:
+            raise LlmmanError(f"cannot write {path}: {exc.strerror}") from None
         raise LlmmanError(f"cannot write {path}: the system unit needs root "
                           '(sudo "$(command -v llmman)" install-service), or install a user unit with '
                           "--user") from None
-    print(_next_steps(path, user=args.user))
+    print(_next_steps(path, user=args.user, where=systemd_dir))
     return 0

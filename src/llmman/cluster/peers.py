@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import random
@@ -492,7 +493,14 @@ class Peers:
         if fetch is None or fetch.done():
             fetch = asyncio.create_task(self._fetch_one(address))
             self._fetching[name] = fetch
+            fetch.add_done_callback(functools.partial(self._fetched, name))
         return await asyncio.shield(fetch)
+
+    def _fetched(self, name: str, fetch: asyncio.Task[NodeView | None]) -> None:
+        """A fetch ended: forget it (a DNS set whose addresses keep changing would otherwise keep one task
+        per name ever seen), unless a newer fetch of that peer has taken its place."""
+        if self._fetching.get(name) is fetch:
+            del self._fetching[name]
 
     @contextlib.contextmanager
     def forwarding(self, address: HostAddress, ref: str) -> Iterator[None]:
