@@ -188,6 +188,14 @@ async def serve(listen: tuple[str, int], target: tuple[str, int], delay: float, 
     def set_delay(value: float) -> None:
         relay.delay = value
 
+    while True:  # listen only once the daemon does: before that a peer is refused, as by a real node
+        try:
+            _, writer = await asyncio.open_connection(*target)
+        except OSError:
+            await asyncio.sleep(0.05)  # polling for the daemon's port; the event is it accepting
+            continue
+        writer.close()
+        break
     loop.add_signal_handler(signal.SIGUSR1, set_delay, slow)
     loop.add_signal_handler(signal.SIGUSR2, set_delay, delay)
     server = await loop.create_server(lambda: Inbound(relay, target), *listen, backlog=1024,

@@ -20,6 +20,7 @@ Needs root and iproute2 (``ip``, ``tc``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -71,9 +72,21 @@ def kill_inside(ns: str) -> None:
             continue
     deadline = time.monotonic() + 10.0
     while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        pids = [p for p in pids if alive(p)]
         if pids:
-            time.sleep(0.05)  # waiting for the kernel to reap them; the event is /proc/PID going away
+            time.sleep(0.05)  # waiting for the kernel to end them; the event is /proc/PID going away
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs: a child of this process that exited is reaped here, and any zombie
+    counts as gone."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def sweep() -> None:
