@@ -483,6 +483,8 @@ def one_n(count: int, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         for i, name in enumerate(names):
             peers = [lan.addresses[n] for n in names if n != name]
             extra = {"LLMMAN_DEBUG": "1"} if i == 0 else {}
+            if args.refresh is not None:  # aggregation.refresh, raised with N to keep each node's rate
+                extra["LLMMAN_PEER_REFRESH"] = args.refresh
             nodes.append(start_node(lan, name, tmp / name, peers, [f"m{i}"], delay_ms=args.delay_ms,
                                     slow_ms=args.slow_ms / 2, extra=extra, src=args.src))
         front = start_node(lan, "front", tmp / "front", [lan.addresses[n] for n in names], [],
@@ -509,7 +511,8 @@ def one_n(count: int, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         ready = time.monotonic() - t0
         print(f"N={count}: {count} daemons + front up in {started:.1f} s, pool ready in {ready:.1f} s; "
               f"load average {os.getloadavg()[0]:.2f}", flush=True)
-        doc: dict[str, Any] = {"nodes": count, "start_s": started, "ready_s": ready,
+        doc: dict[str, Any] = {"nodes": count, "refresh": args.refresh or "1s", "start_s": started,
+                               "ready_s": ready,
                                "load_average_before": os.getloadavg()}
         doc.update(asyncio.run(measure(lan, nodes, front, args)))
         doc["load_average_after"] = os.getloadavg()
@@ -636,6 +639,7 @@ def main() -> int:
     parser.add_argument("--slow-ms", type=float, default=200.0, help="round trip of the slow node (200 ms)")
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"which faults ({','.join(FAULTS)})")
     parser.add_argument("--fault-seconds", type=float, help="seconds sampled after each fault (8; --quick 6)")
+    parser.add_argument("--refresh", help="the nodes' aggregation.refresh (default 1s), e.g. 4s at 32")
     parser.add_argument("--quick", action="store_true", help="fewer samples and shorter windows")
     parser.add_argument("--json", type=Path, help="where to write the results")
     parser.add_argument("--workdir", type=Path, help="keep the daemons' homes, stores and logs here")
