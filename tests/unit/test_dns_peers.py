@@ -22,6 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from tests.unit.test_cluster_peer_state import Steps
 
 from llmman.cluster.discovery import (
     MAX_TTL_S,
@@ -241,21 +242,6 @@ def test_an_address_is_this_machines_when_a_socket_binds_to_it() -> None:
     assert not is_local_address("0.0.0.0") and not is_local_address("pool.example")
     assert is_self(parse_host("203.0.113.7:1"), parse_host("[::]:1"), local=lambda host: True)
     assert not is_self(parse_host("203.0.113.7:1"), parse_host("10.0.0.1:1"), local=lambda host: True)
-
-
-class Steps:
-    """A sleep that records each wait and returns only when the test lets one through."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-        self._go: asyncio.Queue[None] = asyncio.Queue()
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        await self._go.get()
-
-    def step(self) -> None:
-        self._go.put_nowait(None)
 
 
 async def test_a_name_is_followed_at_its_ttl_and_each_change_is_told(
