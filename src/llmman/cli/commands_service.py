@@ -56,16 +56,17 @@ def _check_runnable(executable: str, *, user: bool, ours: bool) -> None:
         raise LlmmanError(f"{executable} is not an executable file (ExecStart= must name one)")
     if user:
         return
-    paths = [executable, os.path.realpath(executable)]
-    if ours:
-        paths.append(os.path.realpath(sys.executable))
-    problem = _hidden_problem(paths)
+    problem = _hidden_problem(executable, ours=ours)
     if problem is not None:
         raise LlmmanError(problem)
 
 
-def _hidden_problem(paths: list[str]) -> str | None:
-    """Why a system service could not run the first of ``paths`` that it cannot see, or None."""
+def _hidden_problem(executable: str, *, ours: bool) -> str | None:
+    """Why a system service could not run ``executable`` (or, when it is this llmman, this Python) because
+    it lies where the service cannot see, or None."""
+    paths = [executable, os.path.realpath(executable)]
+    if ours:
+        paths.append(os.path.realpath(sys.executable))
     hidden = in_a_home(paths)
     if hidden is None:
         return None
@@ -109,8 +110,7 @@ def cmd_install_service(args: argparse.Namespace, settings: Settings) -> int:
     if args.print:
         sys.stdout.write(text)
         if not args.user and not args.executable:  # what writing it would refuse, said but not refused
-            problem = _hidden_problem([executable, os.path.realpath(executable),
-                                       os.path.realpath(sys.executable)])
+            problem = _hidden_problem(executable, ours=True)
             if problem is not None:
                 print(f"Warning: {problem}", file=sys.stderr)
         return 0
