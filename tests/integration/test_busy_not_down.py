@@ -26,6 +26,7 @@ import pytest
 
 from tests.integration.daemons import HOP, Daemon, free_port, wait_until
 from tests.integration.test_aggregation_failover import fake_daemon
+from tests.integration.test_overload_fake import error_message
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -114,18 +115,6 @@ def body(path: str, model: str) -> dict[str, Any]:
     if path == "/v1/messages":
         out["max_tokens"] = 16
     return out
-
-
-def error_message(path: str, answer: httpx.Response) -> str:
-    """The error's message, read where ``path``'s dialect puts it."""
-    doc = answer.json()
-    if path == "/v1/messages":
-        assert doc["type"] == "error", doc
-        return str(doc["error"]["message"])
-    if path.startswith("/v1/"):
-        return str(doc["error"]["message"])
-    assert isinstance(doc["error"], str), doc
-    return doc["error"]
 
 
 def post(d: Daemon, path: str, model: str) -> httpx.Response:

@@ -83,6 +83,7 @@ def body(path: str, model: str, *, stream: bool, limit: int | None = None) -> di
 
 
 def error_message(path: str, answer: httpx.Response) -> str:
+    """The error's message, read where ``path``'s dialect puts it (test_busy_not_down uses it too)."""
     doc = answer.json()
     if path == "/v1/messages":
         assert doc["type"] == "error", doc
