@@ -37,10 +37,13 @@ BODIES: dict[str, dict[str, Any]] = {
     "/api/chat": {"messages": [{"role": "user", "content": PROMPT}],
                   "options": {"num_predict": N, "temperature": 0}},
     "/api/generate": {"prompt": PROMPT, "options": {"num_predict": N, "temperature": 0}},
-    "/v1/chat/completions": {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": N},
-    "/v1/completions": {"prompt": PROMPT, "max_tokens": N},
-    "/v1/messages": {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": N},
-    "/v1/responses": {"input": PROMPT, "max_output_tokens": N},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": N,
+                             "temperature": 0},
+    # a raw prompt with no chat template: at temperature 0 this one runs to max_tokens; PROMPT may end in a
+    # few tokens at the default temperature, before the test has seen the stream flowing
+    "/v1/completions": {"prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": N, "temperature": 0},
+    "/v1/messages": {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": N, "temperature": 0},
+    "/v1/responses": {"input": PROMPT, "max_output_tokens": N, "temperature": 0},
 }
 EMBEDDINGS: dict[str, dict[str, Any]] = {
     "/api/embed": {"input": "hello"},  # /api/embeddings is the same path (api/embeddings.py)
