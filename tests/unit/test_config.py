@@ -175,6 +175,10 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_TLS_CA": "/ca.pem",
         "LLMMAN_INSECURE_REGISTRIES": "reg.lan:5000, Other.lan",
         "LLMMAN_AUTH_FILE": "/creds/auth.json",
+        "LLMMAN_RPC_SERVE": "1",
+        "LLMMAN_RPC_BIND": "10.0.0.5",
+        "LLMMAN_RPC_CACHE": "false",
+        "LLMMAN_RPC_LEASE": "10s",
     }
     s = load(files, env)
     assert s.host == HostAddress("https", "example.com", 443)
@@ -198,6 +202,7 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
     assert (s.file_size, s.file_count) == (2 << 20, 5)
     assert (s.scrape_key, s.collect) == ("scrape", False)
     assert s.scan_dirs == ("~/.ollama/models", "/srv/gguf")
+    assert (s.serve, s.bind, s.cache, s.lease) == (True, "10.0.0.5", False, 10.0)
     assert {origin for key, origin in s.origins.items()} == {f"env {spec.env}" for spec in SETTINGS}
 
 

@@ -42,7 +42,8 @@ __all__ = [
 MODELS = "models"
 # The variables each GPU backend of llama.cpp reads to pick its devices (CUDA, ROCm/HIP, Vulkan).
 DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES")
-PRESET_KEYS = ("context", "parallel", "gpu_layers", "devices", "keep_alive", "preload", "extra_args")
+PRESET_KEYS = ("context", "parallel", "gpu_layers", "devices", "keep_alive", "preload", "extra_args", "split")
+SPLITS = ("auto", "always", "never")  # a preset's ``split`` (docs/split.md)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class Preset:
         keep_alive: default keep_alive in seconds (``math.inf`` = forever) when a request sets none.
         preload: load the model when the daemon starts and keep it loaded forever.
         extra_args: appended verbatim to llama-server's argv (after llmman's own flags, so they win).
+        split: ``auto`` = across nodes only when it fits no single node, ``always`` = across nodes whenever
+            peers lend workers, ``never`` = never (docs/split.md); None = ``auto``.
     """
 
     reference: str
@@ -69,6 +72,7 @@ class Preset:
     keep_alive: float | None = None
     preload: bool = False
     extra_args: tuple[str, ...] = ()
+    split: str | None = None
 
 
 def preset_key(reference: str) -> str:
@@ -124,6 +128,10 @@ def parse_preset(name: str, table: object) -> Preset:
             if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
                 raise ConfigError(f"{where} must be a list of strings, got {raw!r}")
             values[key] = tuple(raw)
+        elif key == "split":
+            if not isinstance(raw, str) or raw.lower() not in SPLITS:
+                raise ConfigError(f"{where} must be one of {', '.join(SPLITS)}, got {raw!r}")
+            values[key] = raw.lower()
         else:
             raise ConfigError(f"unknown preset key {where!r} (known: {', '.join(PRESET_KEYS)})")
     return Preset(reference=reference, **values)  # type: ignore[arg-type]

@@ -99,6 +99,10 @@ class Settings:
     refresh: float = 1.0
     stall_timeout: float = 5.0
     affinity: bool = True
+    serve: bool = False
+    bind: str = ""
+    cache: bool = True
+    lease: float = 30.0
     name: str = ""
     fallback: bool = False
     requests: bool = True
