@@ -74,6 +74,9 @@ class NodeView:
         state: ``serving`` or ``draining`` (takes no new placements).
         fallback: a fallback-only node (``node.fallback``).
         models: reference -> how busy each loaded model is (empty from an older node).
+        reserved: bytes held by ``ggml-rpc-server`` workers this node runs for peers' split models
+            (``rpc.reserved``; docs/split.md): taken like a loaded model's.
+        lends: the node starts RPC workers for peers (``rpc.serve``).
     """
 
     name: str
@@ -85,6 +88,8 @@ class NodeView:
     state: str = "serving"
     fallback: bool = False
     models: Mapping[str, ModelLoad] = field(default_factory=dict)
+    reserved: int = 0
+    lends: bool = False
 
     @property
     def draining(self) -> bool:
@@ -101,8 +106,8 @@ class NodeView:
 
     @property
     def free(self) -> int:
-        """Bytes not taken by loaded models (0 when memory is unknown)."""
-        return max(0, self.memory - sum(self.loaded.values()))
+        """Bytes not taken by loaded models or lent RPC workers (0 when memory is unknown)."""
+        return max(0, self.memory - sum(self.loaded.values()) - self.reserved)
 
     def has_loaded(self, ref: str) -> bool:
         return _has(self.loaded, ref)

@@ -146,8 +146,11 @@ def parse_node(name: str, url: str, doc: object) -> NodeView | None:
         return None
     node = doc.get("name")
     state = DRAINING if doc.get("state") == DRAINING else SERVING
+    rpc = doc.get("rpc")
+    rpc = rpc if isinstance(rpc, dict) else {}
     return NodeView(name, _figure(memory), loaded, stored, url, node=node if isinstance(node, str) else "",
-                    state=state, fallback=doc.get("fallback") is True, models=_models(doc.get("models")))
+                    state=state, fallback=doc.get("fallback") is True, models=_models(doc.get("models")),
+                    reserved=_count(rpc, "reserved"), lends=rpc.get("serve") is True)
 
 
 #: At most this many transfers are read from a peer's document, each string clipped to TEXT_MAX.
