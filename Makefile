@@ -1,5 +1,5 @@
 # The two commands of the README. Each does all of its own set-up (scripts/setup.sh) and is idempotent.
-.PHONY: serve test lint unit bench bench-pool bench-obs bench-scale setup setup-test setup-venv
+.PHONY: serve test lint unit bench bench-pool bench-obs bench-scale setup setup-test setup-venv bench-gpu
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -51,3 +51,7 @@ bench-obs: setup-venv
 # How far the leaderless pool goes: 8, 16 and 32 daemons in network namespaces (root; docs/scaling.md).
 bench-scale: setup-venv
 	$(BIN)/python bench/bench_scale.py
+
+# The proxy benchmark on an NVIDIA GPU at 1, 16 and 256 streams (builds a CUDA llama-server; bench/README.md).
+bench-gpu:
+	bench/gpu.sh

@@ -271,7 +271,7 @@ async def compare(route: str, conc: int, direct: Target, llmman: Target,
 
 
 async def run_all(daemon_url: str, direct_url: str, rounds: int, requests: int,
-                  routes: Sequence[str]) -> list[Comparison]:
+                  routes: Sequence[str], concurrency: Sequence[int] = CONCURRENCY) -> list[Comparison]:
     """Every route at every concurrency; one aiohttp session per target (llmman, direct)."""
     openai_eos = openai_body(ignore_eos=True)
     openai_plain = openai_body(ignore_eos=False)
@@ -287,7 +287,7 @@ async def run_all(daemon_url: str, direct_url: str, rounds: int, requests: int,
         # A new loopback connection per request, for both targets: llama-server closes the connection
         # after a streamed answer although it advertised keep-alive, so reusing it fails ("Server
         # disconnected" / "Can not write request body").
-        return aiohttp.TCPConnector(limit=64, force_close=True)
+        return aiohttp.TCPConnector(limit=max(64, *concurrency), force_close=True)
 
     async with (aiohttp.ClientSession(connector=connector(), timeout=timeout) as s_direct,
                 aiohttp.ClientSession(connector=connector(), timeout=timeout) as s_llmman):
@@ -295,7 +295,7 @@ async def run_all(daemon_url: str, direct_url: str, rounds: int, requests: int,
         out = []
         for route in routes:
             direct, llmman = pairs[route]
-            for conc in CONCURRENCY:
+            for conc in concurrency:
                 out.append(await compare(route, conc, direct, llmman, sessions, rounds, requests))
         return out
 
@@ -347,13 +347,21 @@ def main() -> int:
                         help="streams each concurrent worker sends in a row per round")
     parser.add_argument("--routes", default="openai,ollama", help="comma-separated subset of openai,ollama")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the figures to this JSON file")
+    parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)),
+                        help="concurrent streams per cell, comma-separated (default 1,16; gpu.sh: 1,16,256)")
+    parser.add_argument("--parallel", type=int, default=16, help="the daemon's LLMMAN_NUM_PARALLEL (slots)")
     parser.add_argument("--profile", type=Path, metavar="OUT",
                         help="py-spy record the daemon during the run (.svg flamegraph, .txt collapsed, "
                              ".json speedscope)")
     args = parser.parse_args()
     routes = [r for r in args.routes.split(",") if r]
-    if any(r not in ("openai", "ollama") for r in routes) or args.rounds < 1 or args.requests < 1:
-        parser.error("bad --routes, --rounds or --requests")
+    try:
+        concurrency = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
+    except ValueError:
+        concurrency = ()
+    if any(r not in ("openai", "ollama") for r in routes) or args.rounds < 1 or args.requests < 1 \
+            or not concurrency or min(concurrency) < 1 or args.parallel < 1:
+        parser.error("bad --routes, --rounds, --requests, --concurrency or --parallel")
 
     model_file = Path(os.environ.get("LLMMAN_TEST_MODEL") or DEFAULT_MODEL_FILE)
     if not model_file.is_file():
@@ -365,7 +373,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="llmman-bench-") as tmp_name:
         tmp = Path(tmp_name)
         Store(tmp / "store").build(parse_reference(MODEL), model_file)
-        daemon = start_daemon(tmp, extra_env={"LLMMAN_NUM_PARALLEL": "16", "LLMMAN_CONTEXT_LENGTH": "512"})
+        extra = {"LLMMAN_NUM_PARALLEL": str(args.parallel), "LLMMAN_CONTEXT_LENGTH": "512"}
+        if os.environ.get("LLMMAN_LLAMA_SERVER"):  # bench/gpu.sh: the CUDA build
+            extra["LLMMAN_LLAMA_SERVER"] = os.environ["LLMMAN_LLAMA_SERVER"]
+        daemon = start_daemon(tmp, extra_env=extra)
         profiler: subprocess.Popen[bytes] | None = None
         try:
             load = httpx.post(f"{daemon.url}/api/generate", json={"model": MODEL, "keep_alive": -1},
@@ -380,7 +391,8 @@ def main() -> int:
                   f"requests/worker {args.requests}, max_tokens {MAX_TOKENS}", flush=True)
             if args.profile:
                 profiler = start_profiler(daemon.process.pid, args.profile)
-            comparisons = asyncio.run(run_all(daemon.url, direct_url, args.rounds, args.requests, routes))
+            comparisons = asyncio.run(run_all(daemon.url, direct_url, args.rounds, args.requests, routes,
+                                              concurrency))
             print()
             print_table(comparisons)
             errors = sum(c.warmup_errors + sum(r.errors for r in c.direct + c.llmman) for c in comparisons)
@@ -393,6 +405,9 @@ def main() -> int:
                     "rounds": args.rounds,
                     "requests_per_worker": args.requests,
                     "max_tokens": MAX_TOKENS,
+                    "concurrency": list(concurrency),
+                    "parallel": args.parallel,
+                    "llama_server": os.environ.get("LLMMAN_LLAMA_SERVER", ""),
                     "summary": [c.summary() for c in comparisons],
                     "rounds_detail": [{"route": c.route, "conc": c.conc,
                                        "direct": [asdict(r) | {"tps": r.tps} for r in c.direct],
