@@ -31,7 +31,8 @@ def test_an_up_peer_shows_its_own_figures_name_and_version() -> None:
     entry = peer_entry(PeerState(B, Sighting(spark(), "0.9.1", 10.0, 3), 1.23456, None, 2))
     assert entry == {
         "name": "spark", "address": "127.0.0.2:17434", "self": False, "state": "up", "why": "",
-        "fallback": False, "version": "0.9.1", "last_seen": 1.235, "memory": 8 * GB, "free": 6 * GB,
+        "unresponsive": False, "fallback": False, "version": "0.9.1", "last_seen": 1.235, "memory": 8 * GB,
+        "free": 6 * GB,
         "models": {REF: {"slots": 4, "in_flight": 3, "queued": 1, "loading": False, "draining": False,
                          "size": 2 * GB}},
         "stored": 2, "forwarded": 2}
@@ -50,6 +51,16 @@ def test_a_down_peer_keeps_its_name_but_shows_no_load() -> None:
     assert (entry["memory"], entry["free"], entry["models"], entry["stored"]) == (0, 0, {}, 0)
     never = peer_entry(PeerState(B, None, None, "TimeoutError", 0))
     assert (never["name"], never["version"], never["last_seen"], never["state"]) == ("", "", None, "down")
+
+
+def test_an_unresponsive_peer_is_down_but_keeps_what_it_was_seen_holding() -> None:
+    seen = Sighting(spark(), "0.9.1", 10.0, 3)
+    slow = peer_entry(PeerState(B, seen, 7.0, "TimeoutError: no answer in 3 s", 1, unresponsive=True))
+    dead = peer_entry(PeerState(B, seen, 7.0, "connection refused", 1))
+    assert slow["state"] == dead["state"] == "down"
+    assert (slow["unresponsive"], dead["unresponsive"]) == (True, False)
+    assert slow["models"] == peer_entry(PeerState(B, seen, 7.0, None, 1))["models"] and slow["models"]
+    assert slow["memory"] > 0 and dead["models"] == {} and dead["memory"] == 0
 
 
 def test_this_node_is_marked_self() -> None:

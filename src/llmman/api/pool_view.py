@@ -4,6 +4,7 @@
 Document::
 
     {"nodes": [{"name": "spark", "address": "10.0.0.7:17434", "self": true, "state": "up", "why": "",
+                "unresponsive": false,
                 "fallback": false, "version": "0.1.0", "last_seen": 0.0, "memory": bytes, "free": bytes,
                 "models": {ref: {"slots": n, "in_flight": n, "queued": n, "loading": bool,
                                  "draining": bool, "size": bytes}},
@@ -12,7 +13,9 @@ Document::
 This node comes first (``"self": true``), then the peers in ``aggregation.peers`` order. ``state`` is
 ``up``, ``draining`` (up, taking no new placements) or ``down`` (with ``why``). The figures are the
 peer's own, from its last good answer (``last_seen`` seconds ago, null when it never answered); a down
-peer keeps its name and version from then but shows no memory, models or stored count. ``forwarded`` is
+peer keeps its name and version from then but shows no memory, models or stored count, except an
+*unresponsive* one (``"unresponsive": true``: it timed out, it did not refuse), which still holds what it
+was last seen holding, so those figures stay (llmman answers 503 for its models, never 404). ``forwarded`` is
 how many requests this node has open on that peer. The peers' figures come from the background refresh
 (cluster/peers.py): a view is made without asking the peers again unless that state is stale.
 """
@@ -34,9 +37,10 @@ UP, DOWN, DRAINING = "up", "down", "draining"
 
 
 def node_entry(view: NodeView | None, *, name: str, address: str, own: bool, version: str,
-               last_seen: float | None, down: str | None = None, forwarded: int = 0) -> dict[str, Any]:
+               last_seen: float | None, down: str | None = None, forwarded: int = 0,
+               unresponsive: bool = False) -> dict[str, Any]:
     """One node of the document (see the module docstring) from its last view (None: never seen)."""
-    live = view if down is None else None
+    live = view if down is None or unresponsive else None
     sizes = {} if live is None else {ref.lower(): size for ref, size in live.loaded.items()}
     state = DOWN if down is not None else DRAINING if view is not None and view.draining else UP
     return {
@@ -45,6 +49,7 @@ def node_entry(view: NodeView | None, *, name: str, address: str, own: bool, ver
         "self": own,
         "state": state,
         "why": down or "",
+        "unresponsive": down is not None and unresponsive,
         "fallback": view.fallback if view is not None else False,
         "version": version,
         "last_seen": None if last_seen is None else round(last_seen, 3),
@@ -64,7 +69,7 @@ def peer_entry(state: PeerState) -> dict[str, Any]:
     seen = state.seen
     return node_entry(seen.view if seen else None, name="", address=peer_name(state.address), own=False,
                       version=seen.version if seen else "", last_seen=state.age, down=state.down,
-                      forwarded=state.forwarded)
+                      forwarded=state.forwarded, unresponsive=state.unresponsive)
 
 
 async def pool(request: Request) -> Response:

@@ -211,6 +211,8 @@ class PeerState:
         age: seconds since ``seen`` was fetched (None with it).
         down: why it is left out now, or None when it is up.
         forwarded: requests this node has open on it now.
+        unresponsive: it is down because it did not answer in time, not dead: what it was last seen
+            holding is still its (:meth:`Peers.holding`).
     """
 
     address: HostAddress
@@ -218,6 +220,7 @@ class PeerState:
     age: float | None
     down: str | None
     forwarded: int
+    unresponsive: bool = False
 
 
 @dataclass(frozen=True)
@@ -628,7 +631,8 @@ class Peers:
             seen = self._seen.get(name)
             forwarded = sum(len(s) for (peer, _), s in self._forwarding.items() if peer == name)
             out.append(PeerState(address, seen, None if seen is None else max(0.0, now - seen.at),
-                                 self._down.get(name, self._waiting.get(name)), forwarded))
+                                 self._down.get(name, self._waiting.get(name)), forwarded,
+                                 unresponsive=name in self._slow))
         return out
 
     def start(self) -> None:
