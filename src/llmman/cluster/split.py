@@ -1,0 +1,237 @@
+"""One model across nodes: whether a model is split, and how (pure; docs/split.md "How a split is planned").
+
+A split runs one ``llama-server`` on this node with ``--rpc`` naming ``ggml-rpc-server`` workers that
+peers lend (``rpc.serve``). llama.cpp keeps the first ``n_layer - ngl`` layers, the input embedding
+(``token_embd``) and every other tensor outside the repeating layers on the main node and puts the last
+``ngl`` layers on the RPC devices, in ``--tensor-split`` proportions, in ``--rpc`` order; each layer's KV
+cache lives where the layer does. So a model's memory is read as:
+
+- **head** (this node, whatever the split): the tensors outside ``blk.N.`` (embedding, output norm, output
+  head), the output buffer and one compute buffer (llmman.sched.memory.estimate's figures);
+- **per layer** (wherever the layer goes): its ``blk.N.`` tensors plus its KV cache (the difference the
+  layer makes to llmman.sched.memory.estimate, so sliding-window layers count their smaller cache);
+- **per worker**: one compute buffer (llama.cpp allocates one on every backend the graph uses).
+
+:func:`needs_split` is the trigger; :func:`plan_split` the shares. Both read nodes as placement does
+(llmman.cluster.placement.NodeView).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llmman.cluster.placement import LOCAL, NodeView
+from llmman.errors import LlmmanError
+from llmman.gguf import GGUFInfo
+from llmman.gguf.types import GGML_TYPES
+from llmman.sched.memory import N_UBATCH, estimate
+from llmman.sizes import format_bytes
+
+__all__ = ["ALWAYS", "AUTO", "NEVER", "Costs", "Share", "SplitPlan", "costs_of", "needs_split", "plan_split"]
+
+AUTO, ALWAYS, NEVER = "auto", "always", "never"
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """A model's memory as a split divides it (bytes; see the module docstring).
+
+    Attributes:
+        head: what stays on the node that runs llama-server whatever the split.
+        layers: each repeating layer's weights plus its KV cache, layer 0 first.
+        compute: the compute buffer every node that takes layers needs (the head already counts one).
+    """
+
+    head: int
+    layers: tuple[int, ...]
+    compute: int
+
+    @property
+    def total(self) -> int:
+        """The whole model on one node (head and every layer)."""
+        return self.head + sum(self.layers)
+
+
+@dataclass(frozen=True)
+class Share:
+    """One node's part of a split.
+
+    Attributes:
+        node: ``local`` for this node, else the peer's name (``host:port``, NodeView.name).
+        url: the peer's base URL (where its ``/llmman/rpc/workers`` are); empty for this node.
+        label: the node's own name (``node.name``) where known, else ``node``; what ``/api/ps`` shows.
+        layers: repeating layers it holds.
+        memory: bytes it holds (this node: the head and its layers; a worker: its layers and a compute
+            buffer): what its worker reserves, or what this node admits the child with.
+    """
+
+    node: str
+    url: str
+    label: str
+    layers: int
+    memory: int
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Where a split model's layers go: this node keeps the first ``local.layers``, the workers the rest
+    in their order (``--rpc`` order, RPC0 first)."""
+
+    local: Share
+    workers: tuple[Share, ...]
+
+    @property
+    def n_gpu_layers(self) -> int:
+        """``-ngl``: the layers on the RPC devices (the last ones)."""
+        return sum(w.layers for w in self.workers)
+
+    @property
+    def tensor_split(self) -> tuple[int, ...]:
+        """``--tensor-split``: each worker's layer count, in ``--rpc`` order (proportions for llama.cpp, which
+        gives device d the layers whose position among the offloaded ones falls in its cumulative part)."""
+        return tuple(w.layers for w in self.workers)
+
+    @property
+    def shares(self) -> tuple[Share, ...]:
+        """Every node's share, this node first."""
+        return (self.local, *self.workers)
+
+
+def _nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
+    kind = GGML_TYPES.get(ggml_type)
+    if kind is None:
+        return 0
+    n = 1
+    for dim in shape:
+        n *= dim
+    return -(-n // kind[1]) * kind[2]
+
+
+def costs_of(info: GGUFInfo, *, n_ctx: int, n_parallel: int = 1, n_ubatch: int = N_UBATCH,
+             extra_weights: int = 0) -> Costs:
+    """``info``'s model served with ``n_parallel`` slots of ``n_ctx`` tokens, divided as a split divides it.
+
+    Each layer's KV is the difference it makes to llmman.sched.memory.estimate (the estimate of the first
+    ``l + 1`` layers minus that of the first ``l``), so the one KV rule stays there. Weights are summed per
+    ``blk.N.`` tensor; a tensor of a type this reader does not know counts in the head. The parts add up to
+    the estimate's total (``Costs.total`` = weights + KV + compute + output)."""
+    layers = info.block_count or 0
+    whole = estimate(info, n_ctx=n_ctx, n_parallel=n_parallel, n_ubatch=n_ubatch, extra_weights=extra_weights)
+    weights = [0] * layers
+    for tensor in info.tensors:
+        match = _BLOCK.match(tensor.name)
+        if match is not None and int(match.group(1)) < layers:
+            weights[int(match.group(1))] += _nbytes(tensor.ggml_type, tensor.shape)
+    kv_before, per_layer = 0, []
+    for layer in range(layers):
+        upto = estimate(dataclasses.replace(info, block_count=layer + 1), n_ctx=n_ctx, n_parallel=n_parallel,
+                        n_ubatch=n_ubatch).kv
+        per_layer.append(weights[layer] + upto - kv_before)
+        kv_before = upto
+    head = whole.total - sum(per_layer)
+    return Costs(head=head, layers=tuple(per_layer), compute=whole.compute)
+
+
+def needs_split(estimate_bytes: int, nodes: Sequence[NodeView], preset_split: str | None) -> bool:
+    """Split the model? The one rule (issue 16): never with preset ``split = "never"``; with ``"always"``
+    when some peer lends workers (``rpc.serve``); else (``"auto"``, no preset) only when ``estimate_bytes``
+    exceeds the capacity (``memory``) of every node in ``nodes`` (this one and every peer seen). A node of
+    unknown memory (0) fits anything; a model that fits one node is never split."""
+    if preset_split == NEVER or not nodes:
+        return False
+    if preset_split == ALWAYS:
+        return any(not n.is_local and n.lends and not n.draining for n in nodes)
+    return estimate_bytes > 0 and all(0 < n.memory < estimate_bytes for n in nodes)
+
+
+def _room(node: NodeView, whole: int) -> int:
+    """What ``node`` can take now: its free bytes (memory minus loaded models and lent workers); a node of
+    unknown memory takes the whole model."""
+    return node.free if node.memory > 0 else whole
+
+
+def _assign(layers: Sequence[int], avail: Sequence[int]) -> list[int] | None:
+    """Layer counts per node (in order, contiguous), in proportion to each node's room, each within it;
+    None when the layers do not fit. Proportional boundaries first; where rounding a layer over a boundary
+    overfills a node, the nodes are filled in order instead."""
+    total, room = sum(layers), sum(avail)
+    if total > room:
+        return None
+    counts = [0] * len(avail)
+    node, done = 0, 0
+    bounds: list[float] = []
+    acc = 0
+    for part in avail:
+        acc += part
+        bounds.append(acc / room * total if room else 0.0)
+    for cost in layers:
+        middle = done + cost / 2
+        while node < len(avail) - 1 and middle > bounds[node]:
+            node += 1
+        counts[node] += 1
+        done += cost
+    if _fits(layers, counts, avail):
+        return counts
+    counts, node, used = [0] * len(avail), 0, 0
+    for cost in layers:
+        while node < len(avail) and used + cost > avail[node]:
+            node, used = node + 1, 0
+        if node == len(avail):
+            return None
+        counts[node] += 1
+        used += cost
+    return counts
+
+
+def _fits(layers: Sequence[int], counts: Sequence[int], avail: Sequence[int]) -> bool:
+    start = 0
+    for count, room in zip(counts, avail, strict=True):
+        if sum(layers[start:start + count]) > room:
+            return False
+        start += count
+    return True
+
+
+def plan_split(reference: str, costs: Costs, local: NodeView, peers: Sequence[NodeView]) -> SplitPlan:
+    """The split of ``reference``: this node (``local``, which runs llama-server) keeps the head and the
+    first layers; each peer that lends workers (``lends``, not draining) and has room for a compute buffer
+    and a layer takes the following layers, peers with most room first; the layers go in proportion to
+    the room each node has beyond its fixed part (free memory, placement's NodeView.free). Workers that
+    would get no layer are left out.
+
+    Raises:
+        LlmmanError: 507 ``insufficient_memory`` naming the bytes missing, when this node cannot hold the
+            head or the pool cannot hold every layer.
+    """
+    whole = costs.total + costs.compute * max(1, len(peers))
+    local_room = _room(local, whole)
+    if local_room < costs.head:
+        raise LlmmanError(
+            f"model {reference} cannot be split from this node: it keeps the embeddings and buffers, "
+            f"{format_bytes(costs.head)}, but has {format_bytes(local_room)} free",
+            status=507, code="insufficient_memory")
+    lenders = sorted((p for p in peers if p.lends and not p.draining and not p.is_local
+                      and _room(p, whole) > costs.compute),
+                     key=lambda p: (-_room(p, whole), p.name))
+    avail = [local_room - costs.head] + [_room(p, whole) - costs.compute for p in lenders]
+    counts = _assign(costs.layers, avail)
+    if counts is None:
+        layers = sum(costs.layers)
+        missing = max(1, layers - sum(avail))
+        raise LlmmanError(
+            f"model {reference} needs {format_bytes(costs.total)}, more than any node has; "
+            f"split over this node and {len(lenders)} peer(s) lending RPC workers it still lacks "
+            f"{format_bytes(missing)}", status=507, code="insufficient_memory")
+    start = counts[0]
+    mine = Share(LOCAL, "", local.node or LOCAL, counts[0], costs.head + sum(costs.layers[:start]))
+    workers = []
+    for peer, count in zip(lenders, counts[1:], strict=True):
+        if count:
+            memory = costs.compute + sum(costs.layers[start:start + count])
+            workers.append(Share(peer.name, peer.url, peer.node or peer.name, count, memory))
+        start += count
+    return SplitPlan(mine, tuple(workers))
