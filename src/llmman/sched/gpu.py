@@ -275,13 +275,70 @@ def telemetry(accelerator: str, *, nvml: Callable[[], Any] = _load_nvml, sysfs: 
     return figures
 
 
-def host_devices(kind: str = "cpu") -> list[Device]:
-    """System RAM as one device (``cpu``, or ``metal`` for Apple Silicon's unified memory)."""
+#: A cgroup v1 ``memory.limit_in_bytes`` at or above this is "no limit" (the kernel writes 2**63 - 4096).
+CGROUP_UNLIMITED = 1 << 62
+
+
+def _cgroup_number(path: Path) -> int | None:
+    """The number in a cgroup file, None when absent, unreadable, ``max`` or "unlimited"."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit():
+        return None  # "max" (v2): no limit here
+    value = int(text)
+    return value if value < CGROUP_UNLIMITED else None
+
+
+def cgroup_memory(self_cgroup: Path = Path("/proc/self/cgroup"),
+                  root: Path = Path("/sys/fs/cgroup")) -> tuple[int, int] | None:
+    """``(limit, usage)`` in bytes of the memory cgroup this process is in, the tightest limit of it and its
+    ancestors that llmman can see (a container's, a systemd unit's ``MemoryMax``, a Kubernetes pod's
+    ``resources.limits.memory``); None when no limit applies or none can be read. cgroup v2
+    (``memory.max``, ``memory.current``) and v1 (``memory.limit_in_bytes``, ``memory.usage_in_bytes``)."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    best: tuple[int, int] | None = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers, path = parts[1].split(","), parts[2].strip()
+        if parts[0] == "0" and parts[1] == "":
+            base, limit_file, usage_file = root, "memory.max", "memory.current"
+            if not (root / "cgroup.controllers").exists() and (root / "unified").is_dir():
+                base = root / "unified"  # a hybrid host: v2 mounted beside v1
+        elif "memory" in controllers:
+            base, limit_file, usage_file = root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        # The process's own group, then each ancestor up to the mount's root; inside a container with its
+        # own cgroup namespace the path is "/" and the mount's root is the container's group.
+        group = base / path.lstrip("/")
+        for where in (group, *[p for p in group.parents if p.is_relative_to(base)]):
+            limit = _cgroup_number(where / limit_file)
+            if limit is not None and (best is None or limit < best[0]):
+                best = (limit, _cgroup_number(where / usage_file) or 0)
+    return best
+
+
+def host_devices(kind: str = "cpu", limit: tuple[int, int] | None = None) -> list[Device]:
+    """System RAM as one device (``cpu``, or ``metal`` for Apple Silicon's unified memory), no more than the
+    memory cgroup allows (:func:`cgroup_memory`, read when ``limit`` is None): a container or unit limited to
+    8 GB is an 8 GB node, whatever the host has."""
     import psutil  # here, so that NVML discovery works without it
 
     vm = psutil.virtual_memory()
     name = "unified memory" if kind == "metal" else "system RAM"
-    return [Device(kind, 0, name, int(vm.total), int(vm.available))]
+    total, available = int(vm.total), int(vm.available)
+    limit = limit if limit is not None else cgroup_memory()
+    if limit is not None and limit[0] < total:
+        total, available = limit[0], min(available, max(0, limit[0] - limit[1]))
+        name += f" (cgroup limit {limit[0]} bytes)"
+    return [Device(kind, 0, name, total, available)]
 
 
 def visible(devices: list[Device], variable: str | None) -> list[Device]:
