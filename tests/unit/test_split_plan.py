@@ -59,8 +59,6 @@ def test_shares_follow_room_this_node_first() -> None:
     assert [s.node for s in plan.shares] == [LOCAL, "c:1", "b:1"]
     assert [s.layers for s in plan.shares] == [3, 5, 2]
     assert sum(s.layers for s in plan.shares) == 10
-    assert plan.n_gpu_layers == 10 - plan.local.layers
-    assert plan.tensor_split == tuple(w.layers for w in plan.workers)
     assert plan.local.memory == 100 * MB + plan.local.layers * 10 * MB
     for worker in plan.workers:
         assert worker.memory == 20 * MB + worker.layers * 10 * MB

@@ -86,14 +86,20 @@ class SplitPlan:
 
     @property
     def n_gpu_layers(self) -> int:
-        """``-ngl``: the layers on the RPC devices (the last ones)."""
-        return sum(w.layers for w in self.workers)
+        """``-ngl``: the workers' layers plus one. llama.cpp offloads the last ``ngl`` of ``n_layer + 1``
+        layers, the output layer being the last one; llmman keeps the output tensor on this node
+        (llmman.runner.argv.KEEP_LOCAL), so that slot holds no weights."""
+        return sum(w.layers for w in self.workers) + 1 if self.workers else 0
 
     @property
     def tensor_split(self) -> tuple[int, ...]:
-        """``--tensor-split``: each worker's layer count, in ``--rpc`` order (proportions for llama.cpp, which
-        gives device d the layers whose position among the offloaded ones falls in its cumulative part)."""
-        return tuple(w.layers for w in self.workers)
+        """``--tensor-split``: each worker's layer count in ``--rpc`` order, the last one's plus the output
+        slot (llama.cpp gives device d the offloaded layers whose position falls in its cumulative part,
+        so these proportions put exactly those layers on each worker)."""
+        counts = [w.layers for w in self.workers]
+        if counts:
+            counts[-1] += 1
+        return tuple(counts)
 
     @property
     def shares(self) -> tuple[Share, ...]:

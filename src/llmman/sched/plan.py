@@ -63,8 +63,48 @@ class Runner(Protocol):
         ...
 
 
+class WorkerLeases(Protocol):
+    """The ``ggml-rpc-server`` workers a split child runs on, leased from peers
+    (llmman.cluster.lenders.Leases): the child's wrapper (llmman.cluster.split_runner.SplitRunner) watches
+    them while the child runs and releases them when it stops."""
+
+    @property
+    def spent(self) -> bool:
+        """True once released or lost: a child must never be started on them again."""
+        ...
+
+    def watch(self, lost: Callable[[str], None]) -> None:
+        """Renew the leases until :meth:`release`; ``lost(why)`` once a worker is gone (its lender answered
+        404, or did not answer for a whole lease)."""
+        ...
+
+    async def release(self) -> None:
+        """Stop every worker (``DELETE`` on its lender) and the renewals. Idempotent."""
+        ...
+
+
+@dataclass(frozen=True)
+class Split:
+    """A model split over this node and RPC workers on peers (llmman.cluster.split.plan_split).
+
+    Attributes:
+        endpoints: the workers' ``host:port`` in ``--rpc`` order (RPC0 first).
+        n_gpu_layers: ``-ngl`` (the workers' layers, plus the output slot).
+        tensor_split: ``--tensor-split`` proportions, one per worker.
+        parts: ``(node, bytes)`` of every share, this node first (``/api/ps``'s ``split``).
+        workers: the leases on the workers (not part of the plan's identity).
+    """
+
+    endpoints: tuple[str, ...]
+    n_gpu_layers: int
+    tensor_split: tuple[int, ...]
+    parts: tuple[tuple[str, int], ...]
+    workers: WorkerLeases | None = field(default=None, compare=False, repr=False)
+
+
 class ChildKey(NamedTuple):
-    """What makes two plans one child (:attr:`ModelPlan.child`): the GGUF file and the child options."""
+    """What makes two plans one child (:attr:`ModelPlan.child`): the GGUF file and the child options (a split
+    child's workers too: a split plan is its own child)."""
 
     model_path: str
     mmproj_path: str | None
@@ -74,6 +114,7 @@ class ChildKey(NamedTuple):
     n_gpu_layers: int | None
     devices: str | None
     extra_args: tuple[str, ...]
+    rpc: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,6 +143,8 @@ class ModelPlan:
             :attr:`n_gpu_layers`), or None when it asked none.
         placement: the devices admission placed it on (llmman.sched.devices.place, set at admission), or
             None on a host-only or unknown node; not part of :attr:`child` (where it runs, not what).
+        split: the RPC workers and flags of a model split over the pool (llmman.cluster.split), or None;
+            :attr:`estimate` is then this node's share only.
     """
 
     reference: str
@@ -120,6 +163,7 @@ class ModelPlan:
     placement: Placement | None = None
     load: LoadOptions = field(default_factory=LoadOptions)
     asked_gpu_layers: int | None = None
+    split: Split | None = None
 
     @property
     def on_host(self) -> bool:
@@ -140,7 +184,8 @@ class ModelPlan:
         if not self.model_path:
             return None
         return ChildKey(self.model_path, self.mmproj_path, self.embedding, self.pooling, self.n_parallel,
-                        self.n_gpu_layers, self.devices, self.extra_args)
+                        self.n_gpu_layers, self.devices, self.extra_args,
+                        self.split.endpoints if self.split is not None else ())
 
 
 def reloads(loaded: ModelPlan, wanted: ModelPlan) -> bool:
