@@ -15,6 +15,13 @@ part on those devices are candidates to go, each for the bytes it frees there. A
 devices' share of the capacity fails at once. Host-only and unknown nodes keep the node-wide rule.
 A model asked with ``num_gpu`` 0 (``ModelPlan.on_host``: no layer on a GPU) plans no device memory on a
 GPU node: it is admitted by the count limit alone and placed on no device.
+
+Memory lent to peers (``ggml-rpc-server`` workers, llmman.sched.lending) is :attr:`Admission.reserved`:
+:meth:`Admission.reserve` takes it at once or refuses (507), making room only by unloading idle models
+(chosen as for a load, busy ones never: a peer's worker does not wait for this node's requests), and
+admission counts it beside the admitted models, so nothing else is admitted into it; on a GPU node it
+counts on every device in proportion to its capacity (it has no placement). A model that would fit the
+capacity but not what the reservations leave fails at once, like one larger than the capacity.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from llmman.sizes import format_bytes
 
 log = logging.getLogger("llmman.sched.scheduler")
 
+LENT = "<lent to RPC workers>"  # the reservations' name where devices list what is planned on them
+
 
 class Admission:
     """The memory and count limits of one node, and the admissions waiting on them.
@@ -60,6 +69,7 @@ class Admission:
         self.capacity = capacity
         self.node = node_memory
         self._max_loaded = max_loaded
+        self.reserved = 0  # bytes lent to RPC workers of peers (reserve/unreserve)
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
 
@@ -104,6 +114,8 @@ class Admission:
             while True:
                 if closed():
                     raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
+                if self.reserved:  # a reservation taken while this one waited can leave it no room
+                    self._check_alone(entry, need, allowed)
                 others = [e for e in entries() if e is not entry and e.admitted]
                 placement, short, frees = self._room(entry, need, others, allowed)
                 excess = len(others) + 1 - self._max_loaded if self._max_loaded else 0
@@ -143,7 +155,8 @@ class Admission:
         """The devices with what ``others`` plan on them ([] when admission is node-wide)."""
         if self.node is None or not per_device(self.node):
             return []
-        return rooms(self.node, (_load(e) for e in others))
+        lent = [Load(LENT, self.reserved, None)] if self.reserved else []
+        return rooms(self.node, [*(_load(e) for e in others), *lent])
 
     def _allowed(self, entry: LoadedModel, room: list[DeviceRoom]) -> tuple[int, ...] | None:
         """The devices ``entry`` may use, or None when it is admitted node-wide (see llmman.sched.devices)."""
@@ -153,23 +166,22 @@ class Admission:
         """Fail at once when ``entry`` cannot fit even with nothing else loaded: on its devices (all of
         them when unpinned) on a GPU node, else in the node's capacity."""
         if allowed is not None:
-            room = self._rooms([])
+            room = [r for r in self._rooms([]) if entry.plan.devices is None or r.index in allowed]
+            mine, lent = sum(r.capacity for r in room), sum(r.planned for r in room)
             if entry.plan.devices is not None:
-                mine = sum(r.capacity for r in room if r.index in allowed)
                 where = f"its devices ({entry.plan.devices}, from its preset) have {format_bytes(mine)}"
             else:
-                mine = sum(r.capacity for r in room)
                 where = f"this node has {format_bytes(mine)}"
-            if need > mine:
-                raise LlmmanError(
-                    f"model {entry.plan.reference} needs {format_bytes(need)} of memory, but {where} for "
-                    f"models (resources.memory minus resources.reserve)",
-                    status=500, code="insufficient_memory",
-                )  # fmt: skip
-        elif self.capacity and need > self.capacity:
+        elif self.capacity:
+            mine, lent = self.capacity, self.reserved
+            where = f"this node has {format_bytes(mine)}"
+        else:
+            return
+        if need > mine - lent:
+            held = f", {format_bytes(lent)} of it lent to RPC workers of peers" if lent else ""
             raise LlmmanError(
-                f"model {entry.plan.reference} needs {format_bytes(need)} of memory, but this node has "
-                f"{format_bytes(self.capacity)} for models (resources.memory minus resources.reserve)",
+                f"model {entry.plan.reference} needs {format_bytes(need)} of memory, but {where} for "
+                f"models (resources.memory minus resources.reserve){held}",
                 status=500, code="insufficient_memory",
             )  # fmt: skip
 
@@ -181,12 +193,64 @@ class Admission:
         if entry.plan.on_host and self._per_device():  # it plans nothing on the devices: the count only
             return None, 0, lambda e: 0
         if node is None or allowed is None:
-            short = sum(e.memory for e in others) + need - self.capacity if self.capacity else 0
+            taken = sum(e.memory for e in others) + self.reserved
+            short = taken + need - self.capacity if self.capacity else 0
             return None, short, lambda e: e.memory
         room = self._rooms(others)
         placement = place(need, room, allowed, kind=node.accelerator)
         short = 0 if placement is not None else max(1, shortfall(need, room, allowed))
         return placement, short, lambda e: frees_on(_load(e), node, allowed)
+
+    def reserve(self, nbytes: int, entries: Iterable[LoadedModel]) -> list[LoadedModel]:
+        """Reserve ``nbytes`` for an RPC worker now (:attr:`reserved` grows before this returns) and return
+        the idle models the caller must unload for it (none when it fits beside what is admitted).
+
+        Victims are chosen as for a load (llmman.sched.eviction.choose_victims) among the admitted models
+        that are ready and idle; busy ones and models still loading are never chosen. With no capacity
+        (0, unknown) every reservation fits.
+
+        Raises:
+            LlmmanError: 507 ``insufficient_memory`` when even unloading every idle model leaves too little.
+        """
+        others = [e for e in entries if e.admitted]
+        used = self._used(others)
+        short = used + self.reserved + nbytes - self._room_total() if self._room_total() else 0
+        victims: list[LoadedModel] = []
+        if short > 0:
+            idle = {f"{e.plan.reference}#{i}": e for i, e in enumerate(others)
+                    if (e.ready and e.refcount == 0) or e.stopping is not None}  # stopping: going anyway
+            candidates = [Candidate(key, self._frees(e), pinned=math.isinf(e.keep_alive),
+                                    reload_cost=e.plan.size) for key, e in idle.items()]
+            if sum(c.size for c in candidates) < short:
+                busy = sum(self._frees(e) for e in others) - sum(c.size for c in candidates)
+                raise LlmmanError(
+                    f"cannot lend {format_bytes(nbytes)}: this node has {format_bytes(self._room_total())} "
+                    f"for models, {format_bytes(used)} taken by models ({format_bytes(busy)} of them busy "
+                    f"or loading) and {format_bytes(self.reserved)} lent already",
+                    status=507, code="insufficient_memory",
+                )  # fmt: skip
+            victims = [idle[key] for key in choose_victims(candidates, need_bytes=short)]
+        self.reserved += nbytes
+        return victims
+
+    def unreserve(self, nbytes: int) -> None:
+        """Give back ``nbytes`` of :meth:`reserve` (a worker stopped) and wake the admissions waiting."""
+        self.reserved = max(0, self.reserved - nbytes)
+        self.notify()
+
+    def _room_total(self) -> int:
+        """The bytes models and reservations share: the capacity (on a GPU node, the devices' shares)."""
+        if self._per_device():
+            return sum(r.capacity for r in self._rooms([]))
+        return self.capacity
+
+    def _used(self, others: list[LoadedModel]) -> int:
+        """What the admitted models take of :meth:`_room_total`."""
+        return sum(self._frees(e) for e in others)
+
+    def _frees(self, entry: LoadedModel) -> int:
+        """What unloading ``entry`` gives back to the room a reservation is taken from."""
+        return 0 if entry.plan.on_host and self._per_device() else entry.memory
 
     def notify(self) -> None:
         """Wake admissions waiting for a model to drain or go (a release, an unload, a crash)."""

@@ -110,6 +110,8 @@ class Scheduler:
         self._max_queue = max_queue
         self.healer = Healer(base=heal_base)
         self.draining = False  # the node is draining (llmman drain): see drain(); read by /llmman/node
+        self.lends = False  # reservations may be asked (rpc.serve, set by llmman.sched.lending.Lending)
+        self.reservations = 0  # reservations held now (one per lent worker); read by /llmman/node
 
     @property
     def capacity(self) -> int:
@@ -120,6 +122,39 @@ class Scheduler:
     def node_memory(self) -> NodeMemory | None:
         """The node's devices admission places models on (``/llmman/node``'s ``devices``), or None."""
         return self._admission.node
+
+    @property
+    def reserved(self) -> int:
+        """Bytes lent to RPC workers of peers (llmman.sched.lending), counted by admission."""
+        return self._admission.reserved
+
+    async def reserve(self, nbytes: int) -> None:
+        """Reserve ``nbytes`` of this node's memory for an RPC worker: at once, or after unloading idle
+        models to make room (llmman.sched.admission.Admission.reserve; busy ones are never touched).
+        Returns once the unloaded models' children have exited. Give it back with :meth:`unreserve`.
+
+        Raises:
+            LlmmanError: 507 ``insufficient_memory`` (not enough even without the idle models); 503 when
+                the daemon shuts down.
+        """
+        if self._closed:
+            raise LlmmanError("llmman is shutting down", status=503, code="shutting_down")
+        victims = self._admission.reserve(nbytes, self._table.values())
+        self.reservations += 1
+        for victim in victims:
+            log.info("unloading %s to make room for %s lent to an RPC worker", victim.plan.reference,
+                     format_bytes(nbytes))
+        stops = [self._spawn_stop(victim) for victim in victims]  # all at once: none can turn busy between
+        try:
+            await asyncio.shield(asyncio.gather(*stops))
+        except BaseException:
+            self.unreserve(nbytes)
+            raise
+
+    def unreserve(self, nbytes: int) -> None:
+        """Give back ``nbytes`` of :meth:`reserve` (the worker stopped); waiting admissions are woken."""
+        self.reservations = max(0, self.reservations - 1)
+        self._admission.unreserve(nbytes)
 
     def _is_closed(self) -> bool:
         return self._closed
