@@ -48,11 +48,13 @@ from llmman.registry.client import RegistryOptions
 from llmman.registry.credentials import CredentialStore
 from llmman.registry.puller import Puller
 from llmman.runner.argv import LaunchSpec, child_env
-from llmman.runner.binary import find_llama_server
+from llmman.runner.binary import find_llama_server, find_rpc_server
 from llmman.runner.logfiles import BACKUPS, DAEMON_LOG, MAX_BYTES, child_log_name
 from llmman.runner.process import LlamaServerProcess
+from llmman.runner.rpc_worker import CACHE_DIR
 from llmman.sched.devices import child_devices
 from llmman.sched.gpu import node_memory
+from llmman.sched.lending import Lending, LendingOptions
 from llmman.sched.scheduler import Launcher, ModelPlan, Runner, Scheduler
 from llmman.sdnotify import Notifier, Watchdog, watchdog_interval
 from llmman.sizes import format_bytes
@@ -266,6 +268,22 @@ def make_peers(settings: Settings) -> Peers:
     return Peers(session, static, api_key=key, refresh=settings.refresh, discovery=discovery, node_id=NODE_ID)
 
 
+def make_lending(settings: Settings, scheduler: Scheduler, binary: str, environ: dict[str, str]) -> Lending:
+    """The workers this node lends to peers (``rpc.*``; llmman.sched.lending): bound to ``rpc.bind``, else
+    the host of ``server.host``; ``LLAMA_CACHE=<data_dir>/rpc-cache``; the ``ggml-rpc-server`` next to
+    ``binary``, looked for when a peer asks; each with every CPU of the node as its threads."""
+    if settings.serve:
+        log.warning("rpc.serve is on: peers may start ggml-rpc-server workers here, whose protocol has no "
+                    "authentication: keep %s on a network you trust (docs/split.md)",
+                    settings.bind or settings.host.bind_host)
+    options = LendingOptions(serve=settings.serve, lease=settings.lease,
+                             bind=settings.bind or settings.host.bind_host, cache=settings.cache,
+                             cache_dir=settings.data_dir / CACHE_DIR, logs_dir=settings.logs_dir,
+                             threads=os.cpu_count() or 1,
+                             log_limits=(settings.file_size, settings.file_count))
+    return Lending(scheduler, options, find_binary=lambda: find_rpc_server(binary), environ=environ)
+
+
 async def _preload(gateway: Gateway, name: str) -> None:
     """``llmman serve MODEL``: load MODEL now and keep it loaded (keep_alive forever)."""
     try:
@@ -296,6 +314,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
         heal_base=settings.restart_backoff,
     )
     obs.watch(scheduler)
+    lending = make_lending(settings, scheduler, binary, child_environ(dict(os.environ)))
     peers = make_peers(settings)  # before any other session: a bad peer list fails with nothing to close
     # llama-server closes a connection after each streamed answer while announcing keep-alive, so a
     # pooled connection can be dead when reused: one fresh loopback connection per request instead.
@@ -312,7 +331,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
     gateway.puller = puller  # models missing from the store are pulled on first use
     gateway.leased = obs.metrics.waited  # queue wait per model, in /metrics
     app = build_app(Services(settings=settings, store=store, scheduler=scheduler, gateway=gateway,
-                             puller=puller, peers=peers, obs=obs.start()))
+                             puller=puller, peers=peers, obs=obs.start(), lending=lending))
     config = uvicorn.Config(
         app,
         host=settings.host.bind_host,
@@ -358,6 +377,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+        await lending.close()  # every ggml-rpc-server lent to a peer
         await scheduler.close()
         await session.close()
         await peers.close()

@@ -29,6 +29,7 @@ from llmman.api.cors import CORSAndHostGuard
 from llmman.api.errors import CatchAll, handle_http_error, handle_llmman_error
 from llmman.api.limits import BodyLimits
 from llmman.api.pool import pooled
+from llmman.api.rpc_routes import rpc_routes
 from llmman.api.services import Services
 from llmman.api.transfer_routes import transfer_routes
 from llmman.api.version_header import VersionHeader
@@ -69,6 +70,7 @@ def build_app(services: Services) -> Starlette:
         Route("/ui/{name}", ui.page, methods=["GET", "HEAD"]),
         Route("/llmman/on/{node}/api/{name}", ui.on_node, methods=["GET", "POST", "DELETE"]),
         *transfer_routes(),
+        *rpc_routes(),
         Route("/v1/messages", anthropic.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
         Route("/v1/responses", responses.responses, methods=["POST"]),

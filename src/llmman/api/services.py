@@ -10,6 +10,7 @@ from llmman.config.settings import Settings
 from llmman.gateway import Gateway
 from llmman.obs.observer import Observer
 from llmman.registry.puller import Puller
+from llmman.sched.lending import Lending
 from llmman.sched.scheduler import Scheduler
 from llmman.store import Store
 
@@ -26,6 +27,7 @@ class Services:
     puller: Puller | None = None  # pulls and pushes; None in tests that need no registry
     peers: Peers | None = None  # the aggregation; None or empty = a node on its own
     obs: Observer = field(default_factory=Observer)  # request log, metrics, health (llmman.obs.observer)
+    lending: Lending | None = None  # the RPC workers lent to peers (llmman.sched.lending); None = none
     router: Router = field(init=False)  # where each request runs, over the others
 
     def __post_init__(self) -> None:

@@ -9,7 +9,8 @@ Document (bytes, counts)::
      "devices": [{"index": i, "name": ..., "total": bytes, ..., "used": bytes, "utilisation": pct,
                   "temperature": celsius, "power": watts}],
      "transfers": [{"model": ref, "kind": "pull" | "copy", "source": host, "status": ..., "completed": bytes,
-                    "total": bytes, "started_at": unix s, "elapsed": s, "error"?: ...}]}
+                    "total": bytes, "started_at": unix s, "elapsed": s, "error"?: ...}],
+     "rpc": {"serve": bool, "reserved": bytes, "workers": n}}
 
 The first line is the seed's shape (``memory``, ``loaded``, ``stored``), which is all an older node sends
 and all :func:`parse_node` requires; the rest is optional on reading, so old and new nodes interoperate.
@@ -18,7 +19,9 @@ loaded or loading model at llama-server's reported figure once loaded, else its 
 ``id`` is this daemon process's random id (llmman.cluster.source.NODE_ID): a node that finds its own id in a
 peer's document (reached through a DNS name, NAT or a port mapping) leaves that peer out.
 ``transfers`` lists the pulls and copies from a peer running on the node (llmman.registry.progress);
-:func:`transfers_of` reads a peer's.
+:func:`transfers_of` reads a peer's. ``rpc`` is what the node lends to peers splitting a model
+(llmman.sched.lending, docs/split.md): ``serve`` (``rpc.serve``), the bytes ``reserved`` for the workers it
+runs (counted by its admission, not in ``loaded``, and taken from ``free``) and how many ``workers``.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bo
     queued = scheduler.queued()
     return {
         "memory": capacity,
-        "free": max(0, capacity - sum(loaded.values())),
+        "free": max(0, capacity - sum(loaded.values()) - scheduler.reserved),
         "loaded": loaded,
         "stored": dict(stored) if stored is not None else {m.reference: m.size for m in store.list()},
         "in_flight": sum(snap.refcount for snap in snaps) - queued,
@@ -84,6 +87,7 @@ def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bo
                    for ref, m in model_loads(snaps).items()},
         "devices": with_telemetry(device_document(scheduler.node_memory, snaps), scheduler.node_memory),
         "transfers": transfers or [],
+        "rpc": {"serve": scheduler.lends, "reserved": scheduler.reserved, "workers": scheduler.reservations},
     }
 
 

@@ -128,6 +128,10 @@ class Lending:
         """True when this node lends workers (``rpc.serve``)."""
         return self.options.serve
 
+    def get(self, worker_id: str) -> LentWorker | None:
+        """The worker lent as ``worker_id``, None when there is none (any more)."""
+        return self._workers.get(worker_id)
+
     def listing(self) -> list[dict[str, Any]]:
         """The workers lent now, for ``GET /llmman/rpc/workers``."""
         loop = asyncio.get_running_loop()
