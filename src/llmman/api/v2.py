@@ -10,7 +10,10 @@ the stored references' repository (``ai/smollm2``) or ``registry/repository``
 the spec's ``n``/``last`` pagination and a ``Link: <...>; rel="next"`` header when more remain. A blob is
 served only when it is verified (:meth:`llmman.store.layout.Layout.verify_blob`: unchanged since its bytes
 were last hashed, else hashed now); a corrupt one is removed and answered 404 ``BLOB_UNKNOWN``, so a peer
-copying it falls back to the model's registry. Errors use
+copying it falls back to the model's registry. A GET of a large blob (:data:`REDIRECT_MIN` bytes or
+more to send) from a client that sends ``X-Llmman-Blob-Redirect: 1`` (llmman's own pulls and copies) is
+answered ``307`` to a short-lived signed URL of the daemon's blob server
+(:mod:`llmman.api.blobserver`: ``sendfile(2)`` from a thread, off the event loop). Errors use
 the spec's JSON shape ``{"errors": [{"code", "message"}]}``. Writes are not offered (405). The same
 authentication as the rest of the API applies.
 """
@@ -26,13 +29,16 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from llmman.api.byteranges import decide
+from llmman.api.blobserver import blob_server
+from llmman.api.byteranges import RangeDecision, decide
 from llmman.api.services import Services
 from llmman.errors import StoreError
+from llmman.registry.client import BLOB_REDIRECT
 from llmman.store import StoredModel
 from llmman.store.model import descriptor_digests
 
 API_HEADER = {"Docker-Distribution-Api-Version": "registry/2.0"}
+REDIRECT_MIN = 8 << 20  # bytes to send from which a blob GET that asks for it is redirected
 
 
 def _error(status: int, code: str, message: str) -> Response:
@@ -73,7 +79,7 @@ async def route(request: Request) -> Response:
     if (parts := _split(path, "manifests")) is not None:
         return _manifest(services, *parts)
     if (parts := _split(path, "blobs")) is not None:
-        return await _blob(services, *parts, request.headers.get("range"))
+        return await _blob(request, services, *parts)
     if (parts := _split(path, "tags")) is not None and parts[1] == "list":
         return _tags(services, parts[0], request.query_params.get("n"), request.query_params.get("last"))
     return _error(404, "NAME_UNKNOWN", f"unknown path /v2/{path}")
@@ -132,7 +138,10 @@ def _tags(services: Services, name: str, n: str | None, last: str | None) -> Res
 
 
 class _BlobFile(FileResponse):
-    """A FileResponse that answers the given (normalised) ``Range``, or none, instead of the request's."""
+    """A FileResponse that answers the given (normalised) ``Range``, or none, instead of the request's,
+    read in 1 MiB chunks (Starlette's 64 KiB cost a thread hop and a loop iteration per 64 KiB)."""
+
+    chunk_size = 1 << 20
 
     def __init__(self, *args: object, range_value: str | None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -145,7 +154,8 @@ class _BlobFile(FileResponse):
         await super().__call__({**scope, "headers": headers}, receive, send)
 
 
-async def _blob(services: Services, name: str, digest: str, range_header: str | None) -> Response:
+async def _blob(request: Request, services: Services, name: str, digest: str) -> Response:
+    range_header = request.headers.get("range")
     models = _candidates(services, name)
     if not any(digest in descriptor_digests(m.manifest) or digest == m.digest for m in models):
         return _error(404, "BLOB_UNKNOWN", f"blob {digest} not found in {name}")
@@ -165,5 +175,45 @@ async def _blob(services: Services, name: str, digest: str, range_header: str | 
         body = {"errors": [{"code": "RANGE_INVALID", "message": f"range {range_header} not satisfiable "
                             f"for {size} bytes"}]}
         return JSONResponse(body, status_code=416, headers={**headers, "Content-Range": f"bytes */{size}"})
+    if _redirects(request, decision, size):
+        return _redirect(request, services, digest, headers)
     return _BlobFile(path, media_type="application/octet-stream", headers=headers,
                      range_value=decision.header())
+
+
+def _redirects(request: Request, decision: RangeDecision, size: int) -> bool:
+    """Whether a blob GET goes to the blob server (:mod:`llmman.api.blobserver`): the client asked for it
+    (:data:`llmman.registry.client.BLOB_REDIRECT`, which llmman's own pulls and copies send), it reached
+    this daemon's own port (:func:`_reached_directly`), it is not a HEAD, it asks for at most one range,
+    and there are at least :data:`REDIRECT_MIN` bytes to send (below that the extra round trip costs more
+    than the event loop's copy)."""
+    if request.method != "GET" or request.headers.get(BLOB_REDIRECT) != "1" or not _reached_directly(request):
+        return False
+    if decision.ranges is None:
+        return size >= REDIRECT_MIN
+    if len(decision.ranges) != 1:
+        return False
+    first, last = decision.ranges[0]
+    return last - first + 1 >= REDIRECT_MIN
+
+
+def _reached_directly(request: Request) -> bool:
+    """True when the port the client named (``Host``) is the one this daemon listens on: else a proxy or
+    a port mapping is in between, which would not pass the blob server's port either."""
+    server = request.scope.get("server")
+    if not server or server[1] is None:
+        return False
+    named = request.url.port or (443 if request.url.scheme == "https" else 80)
+    return bool(named == server[1])
+
+
+def _redirect(request: Request, services: Services, digest: str, headers: dict[str, str]) -> Response:
+    """``307`` to a signed URL of this daemon's blob server, on the host the client reached us by."""
+    settings = services.settings
+    server = blob_server(request.app, services.store, settings.host.bind_host, settings.cert_file,
+                         settings.key_file)
+    host = request.url.hostname or settings.host.host
+    host = f"[{host}]" if ":" in host else host
+    scheme = "https" if server.tls is not None else "http"
+    location = f"{scheme}://{host}:{server.port}{server.signed_path(digest)}"
+    return Response(status_code=307, headers={**headers, "Location": location, "Cache-Control": "no-store"})

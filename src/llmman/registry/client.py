@@ -18,7 +18,7 @@ failed; 404 is :class:`RegistryNotFound`; connection failures name the host.
 Offline (``server.offline``): an ``offline`` client connects to loopback hosts only (:func:`may_connect`),
 checked for every request before any connection or name lookup: token realms, redirects (manifests and
 blob storage), upload locations. :meth:`RegistryClient.confine` adds one more host a client may reach
-(a configured peer's own address).
+(a configured peer's own address, any port of it).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 MANIFEST_ACCEPT = ", ".join([mt.OCI_MANIFEST, mt.OCI_INDEX, mt.DOCKER_MANIFEST, mt.DOCKER_MANIFEST_LIST])
 CONNECT_TIMEOUT_S = 10.0
 STALL_TIMEOUT_S = 60.0  # a read that gets no byte for this long fails (and is retried)
+BLOB_REDIRECT = "x-llmman-blob-redirect"  # "1": an llmman node may send a blob GET to its blob server
 _PARAM = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -219,10 +220,11 @@ class RegistryClient:
         self.http = httpx.Client(timeout=timeout, follow_redirects=True, transport=_Guarded(self, inner))
 
     def confine(self, *, also: str = "") -> None:
-        """From now on connect only to loopback hosts, and to ``also`` (``host[:port]``) when given."""
+        """From now on connect only to loopback hosts, and to the host of ``also`` (``host[:port]``)
+        when given, on any port: an llmman peer sends blob GETs to its blob server's own port."""
         self.offline = True
-        if also:
-            self._also.add(also.lower())
+        if also and (host := urlsplit(f"//{also}").hostname):
+            self._also.add(host.lower())
 
     def check_destination(self, url: str) -> None:
         """Raise :class:`OfflineRefused` when this client is offline and ``url``'s host is off this
@@ -231,7 +233,7 @@ class RegistryClient:
             return
         parts = urlsplit(url)
         host = parts.hostname or ""
-        if parts.netloc.lower() in self._also or may_connect(host):
+        if host.lower() in self._also or may_connect(host):
             return
         raise OfflineRefused(f"{self.registry}: not connecting to {_clip(host, 100)}: llmman is offline "
                              "(server.offline) and that host is not on this machine")

@@ -11,6 +11,8 @@ Rules (OCI distribution-spec 1.1 "Pulling blobs", RFC 9110 §14 ranges):
   partial and fails. Transient errors (connection, stall of :data:`STALL_TIMEOUT_S`, 5xx, 429) are retried
   :data:`ATTEMPTS` times with jittered exponential backoff; each retry resumes where the last stopped.
 * A full disk (``ENOSPC``/``EDQUOT``) deletes the partial and fails with a clear message (HTTP 507).
+* An llmman node is asked to redirect the GET to its blob server (:data:`BLOB_REDIRECT`, sendfile off its
+  event loop; docs/transfer.md); the retries of a failed GET go to the node's main port instead.
 * The body is moved by ``splice(2)`` over plain HTTP (:mod:`llmman.registry.splice`), else read into
   buffers that two threads write and hash (:mod:`llmman.registry.pipeline`); a single ``fsync`` at the end.
 """
@@ -35,7 +37,7 @@ import httpx
 
 from llmman.errors import StoreError
 from llmman.registry import splice
-from llmman.registry.client import RegistryClient, RegistryUnavailable, check
+from llmman.registry.client import BLOB_REDIRECT, RegistryClient, RegistryUnavailable, check
 from llmman.registry.pipeline import Pipeline
 from llmman.registry.rawget import get_blob
 from llmman.store import Store
@@ -105,7 +107,7 @@ class Downloader:
         state = _Resume(offset, h)
         for attempt in range(ATTEMPTS):
             try:
-                self._stream(client, repository, digest, size, fd, state, progress)
+                self._stream(client, repository, digest, size, fd, state, progress, direct=attempt == 0)
                 break
             except (RegistryUnavailable, httpx.TransportError) as exc:
                 if attempt == ATTEMPTS - 1:
@@ -134,9 +136,11 @@ class Downloader:
         self.store.layout.publish_file(path, digest)
 
     def _stream(self, client: RegistryClient, repository: str, digest: str, size: int, fd: int,
-                state: _Resume, progress: Progress) -> None:
+                state: _Resume, progress: Progress, *, direct: bool = True) -> None:
         """One GET from ``state.offset``, appending to ``fd``. ``state`` holds what the file and the
-        hash agree on afterwards, also when the GET failed part-way: the retry resumes from there."""
+        hash agree on afterwards, also when the GET failed part-way: the retry resumes from there.
+        ``direct``: ask an llmman node for its blob server (:data:`BLOB_REDIRECT`); retries do not,
+        so a blob port the client cannot reach (a proxy or a port mapping in between) costs one try."""
         if state.offset == size:
             return
         path = f"/v2/{repository}/blobs/{digest}"
@@ -145,7 +149,8 @@ class Downloader:
             check(response, f"blob {digest[:19]}")
         offset = state.offset
         os.lseek(fd, offset, os.SEEK_SET)
-        headers = {**client.auth_headers(scope), **({"Range": f"bytes={offset}-"} if offset else {})}
+        headers = {**client.auth_headers(scope), **({"Range": f"bytes={offset}-"} if offset else {}),
+                   **({BLOB_REDIRECT: "1"} if direct else {})}
         body = _Body(fd, offset, state.h, size, digest, progress, client.stall_timeout)
         try:
             get_blob(client, path, headers, body.open)

@@ -1,0 +1,296 @@
+"""Benchmark: a node's ``/v2/`` blob GET versus nginx, and a registry pull versus bare curl, side by side.
+
+Usage: ``.venv/bin/python bench/bench_transfer.py [--rounds N] [--json FILE]``. Needs nginx (``apt-get
+install nginx-light``), curl, Debian's ``docker-registry`` and Gemma 3 270M (else SmolLM2) in
+``~/.cache/llmman/models``.
+
+Part 1, serving (issue 17 target 5: >= 0.9 of nginx). One llmman daemon (``llmman serve`` on loopback)
+stores the model; nginx (a throw-away config: loopback port, ``sendfile on``, no system service) serves
+the very same file. Per round, warm page cache, one ``curl -o /dev/null`` each:
+
+* ``nginx``: nginx serving the file;
+* ``llmman blob server``: ``GET /v2/<name>/blobs/<digest>`` with ``X-Llmman-Blob-Redirect: 1`` (what
+  llmman's pulls and copies send), ``307`` followed (``curl -L``) to the daemon's sendfile server;
+* ``llmman inline``: the same GET without the header, answered on the event loop (what other clients get,
+  and what every client got before the blob server).
+
+For each llmman row the daemon's CPU per GB is split into its main thread (the event loop that relays
+inference) and the rest, and a thread asks ``GET /api/version`` every 10 ms during the transfer: the worst
+latency it saw is the loop's stall.
+
+Part 2, pulls (target: >= 0.8 of bare curl). Pushes the model to ``docker-registry`` on loopback, then per
+round: ``Puller.pull`` into a fresh store (verified, fsynced, renamed in), ``curl -o`` of the same blobs
+(parallel, unverified), and ``curl | tee | sha256sum`` (the same verified download with standard tools);
+``sync`` before each. Also a copy from the llmman node (``Puller.pull`` of ``<node>/<name>``, which takes
+the blob server) against ``curl -L`` of the same blob.
+
+Prints a table (best of N MB/s and the median of the per-round ratios) and writes it as JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.daemons import Daemon, free_port, start_daemon  # noqa: E402
+from tests.integration.registry import start_registry  # noqa: E402
+
+from llmman.refs import parse_reference  # noqa: E402
+from llmman.registry.client import BLOB_REDIRECT, RegistryOptions  # noqa: E402
+from llmman.registry.puller import Puller  # noqa: E402
+from llmman.registry.push import push  # noqa: E402
+from llmman.store import Store  # noqa: E402
+
+MODELS = Path.home() / ".cache" / "llmman" / "models"
+NAME = "bench/model:1"
+
+NGINX_CONF = """daemon off; master_process off; worker_processes 1; pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log;
+events {{ worker_connections 64; }}
+http {{
+  access_log off; sendfile on; tcp_nopush on; default_type application/octet-stream;
+  client_body_temp_path {tmp}/nb; proxy_temp_path {tmp}/np; fastcgi_temp_path {tmp}/nf;
+  uwsgi_temp_path {tmp}/nu; scgi_temp_path {tmp}/ns;
+  server {{ listen 127.0.0.1:{port}; root {root}; }}
+}}
+"""
+
+
+def _curl(url: str, out: str = "/dev/null", headers: dict[str, str] | None = None) -> tuple[float, int]:
+    """One ``curl`` (following redirects); (seconds, bytes received)."""
+    args = ["curl", "-sfL", "-o", out, "-w", "%{size_download}", url]
+    for k, v in (headers or {}).items():
+        args += ["-H", f"{k}: {v}"]
+    t0 = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True, check=True)
+    return time.perf_counter() - t0, int(done.stdout.strip() or 0)
+
+
+class _Watch:
+    """During a transfer: the daemon's CPU (main thread = the event loop, and the rest) and the worst
+    ``GET /api/version`` latency, asked every 10 ms."""
+
+    def __init__(self, d: Daemon) -> None:
+        self.proc = psutil.Process(d.process.pid)
+        self.url = d.url + "/api/version"
+        self.worst = 0.0
+        self._stop = threading.Event()
+
+    def _times(self) -> tuple[float, float]:
+        threads = {t.id: t.user_time + t.system_time for t in self.proc.threads()}
+        main = threads.get(self.proc.pid, 0.0)
+        cpu = self.proc.cpu_times()
+        return main, cpu.user + cpu.system - main
+
+    def _ping(self) -> None:
+        with httpx.Client(timeout=30) as c:
+            while not self._stop.wait(0.01):
+                t0 = time.perf_counter()
+                c.get(self.url)
+                self.worst = max(self.worst, time.perf_counter() - t0)
+
+    def run(self, work: Callable[[], tuple[float, int]]) -> tuple[float, int, float, float, float]:
+        """(seconds, bytes, loop CPU s, other CPU s, worst version latency s) of ``work``."""
+        main0, rest0 = self._times()
+        pinger = threading.Thread(target=self._ping, daemon=True)
+        pinger.start()
+        try:
+            seconds, size = work()
+        finally:
+            self._stop.set()
+            pinger.join()
+        main1, rest1 = self._times()
+        return seconds, size, main1 - main0, rest1 - rest0, self.worst
+
+
+def serving(d: Daemon, digest: str, size: int, blob: Path, tmp: Path, rounds: int) -> dict[str, object]:
+    """Part 1: nginx, the blob server and the inline route, each curl'd ``rounds`` times."""
+    root = tmp / "www"
+    root.mkdir()
+    (root / "blob").symlink_to(blob)
+    port = free_port("127.0.0.1")
+    conf = tmp / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(tmp=tmp, port=port, root=root))
+    nginx = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(tmp)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if httpx.head(f"http://127.0.0.1:{port}/blob").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        v2 = f"{d.url}/v2/{NAME.split(':')[0]}/blobs/{digest}"
+        rows: dict[str, list[tuple[float, float, float, float]]] = {"nginx": [], "llmman blob server": [],
+                                                                     "llmman inline": []}
+        _curl(f"http://127.0.0.1:{port}/blob")  # warm the page cache
+        for i in range(rounds):
+            for label in rows:
+                if label == "nginx":
+                    seconds, got = _curl(f"http://127.0.0.1:{port}/blob")
+                    loop = rest = worst = 0.0
+                else:
+                    ask = {BLOB_REDIRECT: "1"} if label == "llmman blob server" else {}
+                    seconds, got, loop, rest, worst = _Watch(d).run(lambda ask=ask: _curl(v2, headers=ask))
+                if got != size:
+                    raise RuntimeError(f"{label}: got {got} of {size} bytes")
+                rows[label].append((size / seconds, loop / (size / 1e9), rest / (size / 1e9), worst))
+            print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1][0] / 1e6:.0f} MB/s" for k, v in rows.items()),
+                  flush=True)
+    finally:
+        nginx.terminate()
+        nginx.wait(10)
+    nginx_rates = [r[0] for r in rows["nginx"]]
+    out: dict[str, object] = {}
+    for label, got_rows in rows.items():
+        rates = [r[0] for r in got_rows]
+        ratios = [a / b for a, b in zip(rates, nginx_rates, strict=True)]
+        out[label] = {"best_mb_s": max(rates) / 1e6, "median_ratio_to_nginx": statistics.median(ratios),
+                      "best_ratio_to_nginx": max(rates) / max(nginx_rates),
+                      "loop_cpu_s_per_gb": statistics.median(r[1] for r in got_rows),
+                      "other_cpu_s_per_gb": statistics.median(r[2] for r in got_rows),
+                      "worst_api_version_ms": max(r[3] for r in got_rows) * 1e3}
+    return out
+
+
+def pulls(d: Daemon, model: Path, tmp: Path, rounds: int) -> dict[str, object]:
+    """Part 2: Puller vs curl from docker-registry, and a copy from the node vs curl -L from it."""
+    reg = start_registry(tmp / "registry")
+    try:
+        node = d.url.removeprefix("http://")
+        options = RegistryOptions(insecure_registries=(reg.host, node))
+        ref = parse_reference(f"{reg.host}/{NAME}")
+        src = Store(tmp / "src")
+        stored = src.build(ref, model)
+        push(src, ref, None, lambda _: None, options=options)
+        descs = [*stored.manifest["layers"], stored.manifest["config"]]
+        total = sum(int(x["size"]) for x in descs)
+        series: dict[str, list[float]] = {"llmman pull": [], "curl": [], "curl | tee | sha256sum": [],
+                                          "llmman copy from node": [], "curl -L from node": []}
+
+        def pull(reference: str) -> float:
+            dst = Store(tmp / "dst")
+            os.sync()
+            t0 = time.perf_counter()
+            Puller(dst, options=options).pull(parse_reference(reference))
+            seconds = time.perf_counter() - t0
+            shutil.rmtree(dst.root)
+            return total / seconds
+
+        def curl_all(base: str, shell: str, headers: str = "") -> float:
+            out = tmp / "curl"
+            out.mkdir()
+            os.sync()
+            t0 = time.perf_counter()
+            procs = [subprocess.Popen(["sh", "-c", shell.format(url=f"{base}/blobs/{x['digest']}",
+                                                                file=out / str(x["digest"]).split(":")[1],
+                                                                headers=headers)]) for x in descs]
+            if any(p.wait() for p in procs):
+                raise RuntimeError(f"curl failed: {shell}")
+            seconds = time.perf_counter() - t0
+            shutil.rmtree(out)
+            return total / seconds
+
+        registry_base = f"http://{reg.host}/v2/{NAME.split(':')[0]}"
+        node_base = f"{d.url}/v2/{NAME.split(':')[0]}"
+        for i in range(rounds):
+            series["llmman pull"].append(pull(f"{reg.host}/{NAME}"))
+            series["curl"].append(curl_all(registry_base, "curl -sf -o {file} {url}"))
+            series["curl | tee | sha256sum"].append(curl_all(
+                registry_base, "curl -sf {url} | tee {file} | sha256sum >/dev/null"))
+            series["llmman copy from node"].append(pull(f"{node}/{NAME}"))
+            series["curl -L from node"].append(curl_all(node_base, "curl -sfL {headers} -o {file} {url}",
+                                                        f"-H '{BLOB_REDIRECT}: 1'"))
+            print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1] / 1e6:.0f} MB/s" for k, v in series.items()),
+                  flush=True)
+    finally:
+        reg.stop()
+    base_of = {"llmman pull": "curl", "curl | tee | sha256sum": "curl",
+               "llmman copy from node": "curl -L from node"}
+    out: dict[str, object] = {"bytes": total}
+    for label, rates in series.items():
+        row: dict[str, float] = {"best_mb_s": max(rates) / 1e6}
+        if label in base_of:
+            other = series[base_of[label]]
+            row["median_ratio"] = statistics.median(a / b for a, b in zip(rates, other, strict=True))
+            row["best_ratio"] = max(rates) / max(other)
+        out[label] = row
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--skip-pulls", action="store_true", help="part 1 only")
+    args = parser.parse_args()
+    model = next((p for p in (MODELS / "gemma-3-270m-q4_k_m.gguf", MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf")
+                  if p.is_file()), None)
+    missing = [b for b in ("nginx", "curl", "docker-registry") if not shutil.which(b)]
+    if model is None or missing:
+        print(f"needs a model (scripts/setup.sh --model) and {', '.join(missing) or 'nothing else'}",
+              file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="llmman-bench-transfer-"))
+    try:
+        stored = Store(tmp / "node" / "store").build(parse_reference(NAME), model)
+        layer = max(stored.manifest["layers"], key=lambda x: int(x["size"]))
+        digest, size = str(layer["digest"]), int(layer["size"])
+        d = start_daemon(tmp / "node")
+        try:
+            blob = (tmp / "node" / "store" / "blobs" / "sha256" / digest.split(":")[1]).resolve()
+            result: dict[str, object] = {"model": model.name, "blob_bytes": size, "rounds": args.rounds,
+                                         "cpus": os.cpu_count(), "load_before": os.getloadavg()[0]}
+            result["serving"] = serving(d, digest, size, blob, tmp, args.rounds)
+            if not args.skip_pulls:
+                result["pulls"] = pulls(d, model, tmp, args.rounds)
+        finally:
+            d.stop()
+        _print(result)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def _print(result: dict[str, object]) -> None:
+    print(f"\nmodel {result['model']}, blob {int(str(result['blob_bytes'])) / 1e6:.0f} MB, best of "
+          f"{result['rounds']} rounds, {result['cpus']} CPUs, load {float(str(result['load_before'])):.1f}")
+    serving_rows = result["serving"]
+    assert isinstance(serving_rows, dict)
+    print(f"{'serving':24}{'MB/s':>8}{'/nginx':>8}{'median':>8}{'loop s/GB':>10}{'rest s/GB':>10}"
+          f"{'stall ms':>9}")
+    for label, row in serving_rows.items():
+        print(f"{label:24}{row['best_mb_s']:>8.0f}{row['best_ratio_to_nginx']:>8.2f}"
+              f"{row['median_ratio_to_nginx']:>8.2f}{row['loop_cpu_s_per_gb']:>10.2f}"
+              f"{row['other_cpu_s_per_gb']:>10.2f}{row['worst_api_version_ms']:>9.1f}")
+    pull_rows = result.get("pulls")
+    if isinstance(pull_rows, dict):
+        print(f"{'pulls':24}{'MB/s':>8}{'ratio':>8}{'median':>8}")
+        for label, row in pull_rows.items():
+            if isinstance(row, dict):
+                ratio = f"{row['best_ratio']:>8.2f}{row['median_ratio']:>8.2f}" if "best_ratio" in row else ""
+                print(f"{label:24}{row['best_mb_s']:>8.0f}{ratio}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
