@@ -28,10 +28,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from llmman import __version__
+from llmman.api.listing import stored_listing
 from llmman.api.ollama_infer import json_response
 from llmman.api.services import Services
-from llmman.cluster.peers import PeerState, local_view, peer_name
-from llmman.cluster.placement import NodeView
+from llmman.cluster.peers import PeerState, peer_name
+from llmman.cluster.placement import LOCAL, NodeView
+from llmman.cluster.state import node_document, parse_node
 
 UP, DOWN, DRAINING = "up", "down", "draining"
 
@@ -76,7 +78,10 @@ async def pool(request: Request) -> Response:
     """``GET /llmman/pool``."""
     services: Services = request.app.state.services
     settings = services.settings
-    me = local_view(services.scheduler, services.store, name=settings.node_name, fallback=settings.fallback)
+    listing = await stored_listing(services)  # the kept listing: no manifest read on the event loop
+    me = parse_node(LOCAL, "", node_document(services.scheduler, services.store, name=settings.node_name,
+                                             fallback=settings.fallback, max_queue=0, stored=listing.sizes))
+    assert me is not None  # our own document always parses
     nodes = [node_entry(me, name=settings.node_name, address=settings.host.netloc, own=True,
                         version=__version__, last_seen=0.0)]
     peers = services.peers
