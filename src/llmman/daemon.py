@@ -26,6 +26,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -37,11 +38,12 @@ from llmman.api.services import Services
 from llmman.cluster.discovery import Discovery, DnsLookup, ServerNames
 from llmman.cluster.peers import Peers, parse_entries
 from llmman.cluster.source import NODE_ID
+from llmman.cluster.split_runner import SplitRunner
 from llmman.config.model_dirs import ModelDirs
 from llmman.config.presets import device_env
 from llmman.config.settings import Settings
 from llmman.config.table import HostAddress, check_keys
-from llmman.errors import ConfigError, LlmmanError
+from llmman.errors import ConfigError, LlmmanError, RunnerError
 from llmman.gateway import Gateway
 from llmman.obs.observer import Observer
 from llmman.registry.client import RegistryOptions
@@ -229,6 +231,14 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
     async def launch(plan: ModelPlan, on_exit: Callable[[Runner], None]) -> Runner:
         spec = launch_spec(plan)
         log_name = child_log_name(plan.key)
+        split, wrapper = plan.split, None
+        if split is not None:  # a split child (llmman.cluster.split): its workers are leased already
+            if split.workers is None or split.workers.spent:
+                raise RunnerError(f"the RPC workers of {plan.reference}'s split are gone; it is planned "
+                                  "again on the next request")
+            spec = replace(spec, rpc=split.endpoints, n_gpu_layers=split.n_gpu_layers,
+                           tensor_split=tuple(float(p) for p in split.tensor_split))
+            wrapper = SplitRunner(split.workers, on_exit)
         process = LlamaServerProcess(
             binary,
             spec,
@@ -237,12 +247,20 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
             log_path=settings.logs_dir / log_name,
             log_limits=(settings.file_size, settings.file_count),  # log.file_size, log.file_count
             stall_timeout=settings.load_timeout,
-            on_exit=on_exit,
+            on_exit=on_exit if wrapper is None else wrapper.child_exited,
             health_interval=settings.health_interval,  # the hung-child watchdog (runner.health)
             ring_lines=500,  # enough to hold the buffer-size lines read for the model's real memory
         )
-        await process.start()
-        return process
+        if wrapper is None:
+            await process.start()
+            return process
+        try:
+            await process.start()
+        except BaseException:
+            await wrapper.leases.release()
+            raise
+        wrapper.attach(process)
+        return wrapper
 
     return launch
 
@@ -330,6 +348,7 @@ async def run_server(settings: Settings, preload: str | None = None) -> int:
                     options=RegistryOptions.of(settings))  # insecure hosts, tls.ca_file, HF_ENDPOINT
     gateway.puller = puller  # models missing from the store are pulled on first use
     gateway.leased = obs.metrics.waited  # queue wait per model, in /metrics
+    gateway.peers = peers  # a model that fits no node is split over the peers lending workers (docs/split.md)
     app = build_app(Services(settings=settings, store=store, scheduler=scheduler, gateway=gateway,
                              puller=puller, peers=peers, obs=obs.start(), lending=lending))
     config = uvicorn.Config(

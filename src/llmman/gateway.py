@@ -21,6 +21,11 @@ from typing import Any
 import aiohttp
 
 from llmman.cluster.copy import PullSource, copy_from_peer
+from llmman.cluster.lenders import lease_workers
+from llmman.cluster.peers import Peers, local_view
+from llmman.cluster.placement import NodeView
+from llmman.cluster.source import NODE_ID
+from llmman.cluster.split import ALWAYS, NEVER, costs_of, needs_split, plan_split
 from llmman.config.presets import Preset, by_reference
 from llmman.errors import BadRequest, LlmmanError, ModelNotFound, NotFound, RunnerError
 from llmman.protocol.llama_routes import reranks
@@ -30,6 +35,7 @@ from llmman.registry.puller import Puller
 from llmman.runner.argv import LoadOptions, load_args
 from llmman.sched.devices import per_device
 from llmman.sched.memory import N_UBATCH, estimate
+from llmman.sched.plan import Split
 from llmman.sched.scheduler import Lease, ModelPlan, Runner, Scheduler
 from llmman.store import Store, StoredModel
 
@@ -171,6 +177,10 @@ class Gateway:
         # Raises ConfigError for a preset whose name is not a model reference (at daemon start).
         self._presets = by_reference(presets or {}, lambda name: str(parse_reference(name)))
         self.puller: Puller | None = None  # set by the daemon: models missing from the store are pulled
+        # Set by the daemon: a model that fits no node is split over the peers that lend RPC workers.
+        self.peers: Peers | None = None
+        self._splits: dict[str, ModelPlan] = {}  # table key -> the split plan whose child runs or loads
+        self._planning: dict[str, asyncio.Lock] = {}  # table key -> one split planned at a time
         # Set by the daemon: told each lease's model and seconds waited (queue + load), for the metrics.
         self.leased: Callable[[str, float], None] | None = None
         self._open: set[UpstreamExchange] = set()  # exchanges not closed yet (cut_all)
@@ -339,10 +349,90 @@ class Gateway:
         if keep_alive is None and preset is not None and preset.keep_alive is not None and not preset.preload:
             # The preset's default for this model; a request's own wins. A preloaded model stays pinned.
             keep_alive = preset.keep_alive
-        lease = await self.scheduler.acquire(plan, keep_alive=keep_alive, request=request)
+        plan = await self._split(model, plan, preset)
+        try:
+            lease = await self.scheduler.acquire(plan, keep_alive=keep_alive, request=request)
+        except BaseException:
+            if plan.split is not None and plan.split.workers is not None and not self._in_table(plan.key):
+                await plan.split.workers.release()  # refused before its child started: free the workers
+            raise
         if self.leased is not None:
             self.leased(lease.reference, lease.load_duration)
         return lease
+
+    def split_of(self, key: str) -> tuple[tuple[str, int], ...]:
+        """``(node, bytes)`` of each share of the split child with table ``key`` (this node first, named
+        ``local``), or () when the model is not split (``/api/ps``)."""
+        plan = self._splits.get(key)
+        return plan.split.parts if plan is not None and plan.split is not None else ()
+
+    async def _split(self, model: ResolvedModel, plan: ModelPlan, preset: Preset | None) -> ModelPlan:
+        """``plan``, or the split of it when the model is to be split (llmman.cluster.split.needs_split): the
+        split already running or loading, else a new one planned over the pool's views
+        (llmman.cluster.peers.Peers.current) with its workers leased (llmman.cluster.lenders). A model that
+        fits this node's capacity is never split, so the common case asks the peers nothing."""
+        wanted = preset.split if preset is not None else None
+        live = self._live(plan.key)
+        if live is not None:
+            return live
+        if self.peers is None or not self.peers or wanted == NEVER:
+            return plan
+        capacity = self.scheduler.capacity
+        if wanted != ALWAYS and (not capacity or plan.estimate <= capacity):
+            return plan
+        lock = self._planning.setdefault(plan.key, asyncio.Lock())
+        async with lock:
+            live = self._live(plan.key)
+            if live is not None:
+                return live
+            local = local_view(self.scheduler, self.store)
+            peers = await self.peers.current()
+            if not needs_split(plan.estimate, [local, *peers], wanted):
+                return plan
+            return await self._plan_split(model, plan, local, peers)
+
+    def _in_table(self, key: str) -> bool:
+        """True while the scheduler has an entry (loading, loaded or stopping) with table ``key``."""
+        return any((snap.reference + "#embedding" if snap.embedding else snap.reference) == key
+                   for snap in self.scheduler.snapshot())
+
+    def _live(self, key: str) -> ModelPlan | None:
+        plan = self._splits.get(key)
+        if plan is None or plan.split is None or plan.split.workers is None or plan.split.workers.spent:
+            return None
+        return plan
+
+    async def _plan_split(self, model: ResolvedModel, plan: ModelPlan, local: NodeView,
+                          peers: list[NodeView]) -> ModelPlan:
+        info = await asyncio.to_thread(self.store.info, model.stored)
+        batch = N_UBATCH
+        if plan.load.batch and not plan.embedding:
+            batch = min(plan.load.batch, plan.n_ctx * plan.n_parallel)
+        costs = costs_of(info, n_ctx=plan.n_ctx, n_parallel=plan.n_parallel, n_ubatch=batch)
+        split = plan_split(plan.reference, costs, local, peers)
+        if not split.workers:
+            return plan
+        assert self.peers is not None
+        key = plan.key
+
+        def ended() -> None:
+            # The split is over (its child stopped or died): never start it again, nor restart it with
+            # these workers; the next request plans afresh (the scheduler's restart finds no failure).
+            if self._splits.get(key) is not None and self._splits[key].split is split_fields:
+                del self._splits[key]
+                self.scheduler.healer.forget(key)
+
+        leases = await lease_workers(self.peers.session, self.peers.headers(), split.workers, owner=NODE_ID,
+                                     model=plan.reference, ended=ended)
+        split_fields = Split(leases.endpoints, split.n_gpu_layers, split.tensor_split,
+                             tuple((s.node, s.memory) for s in split.shares),
+                             workers=leases)
+        where = zip(split.workers, leases.endpoints, strict=True)
+        log.info("splitting %s: this node %d layer(s), %s", plan.reference, split.local.layers,
+                 ", ".join(f"{w.node} {w.layers} layer(s) at {e}" for w, e in where))
+        planned = replace(plan, estimate=split.local.memory, split=split_fields)
+        self._splits[key] = planned
+        return planned
 
     async def open(
         self,

@@ -20,6 +20,7 @@ from llmman.api.inference import Call, run
 from llmman.api.listing import rendered, stored_listing
 from llmman.api.ollama_infer import json_response
 from llmman.api.services import Services
+from llmman.cluster.placement import LOCAL
 from llmman.cluster.router import Intent
 from llmman.errors import BadRequest, ModelNotFound
 from llmman.gateway import ResolvedModel
@@ -152,6 +153,7 @@ async def ps(request: Request) -> Response:
                     "processor": _processor(snap),
                     "pid": snap.pid,
                     **({"draining": True} if snap.draining else {}),
+                    **_split_fields(services, snap),
                 },
             )
         )
@@ -169,6 +171,18 @@ async def ps(request: Request) -> Response:
                                "failure": failure.reason(), "error": failure.message}))
     rows.sort(key=lambda r: r[0], reverse=True)
     return json_response({"models": [r[1] for r in rows]})
+
+
+def _split_fields(services: Services, snap: LoadedSnapshot) -> dict[str, Any]:
+    """A split model's ``split`` (``[{"node", "size"}]``, this node first, by its ``node.name``; its own
+    share as llama-server reported it, the workers' as reserved) and ``size``, their sum; {} for a model
+    that is not split (docs/split.md)."""
+    parts = services.gateway.split_of(snap.reference + "#embedding" if snap.embedding else snap.reference)
+    if not parts:
+        return {}
+    sizes = [(services.settings.node_name if node == LOCAL else node, (snap.memory or size) if node == LOCAL
+              else size) for node, size in parts]
+    return {"size": sum(size for _, size in sizes), "split": [{"node": n, "size": s} for n, s in sizes]}
 
 
 def _details_by_digest(services: Services, listing: Listing | None,

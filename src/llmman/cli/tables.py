@@ -3,7 +3,8 @@
 Everything here is a function of its arguments (``now`` is passed in), so it is table-tested. The
 shapes follow Ollama's CLI (``cmd/cmd.go``, ``format/``) with llmman's columns:
 
-* ``ps``: NAME ID SIZE PROCESSOR CONTEXT STARTED [NODE] UNTIL — NODE only when an entry has one.
+* ``ps``: NAME ID SIZE PROCESSOR CONTEXT STARTED [NODE] UNTIL — NODE only when an entry has one (or is
+  split over nodes: :func:`node_cell`).
 * ``list``: NAME ID SIZE MODIFIED.
 * ``nodes``: NODE ADDRESS STATE MEMORY MODELS LAST SEEN (``/llmman/pool``).
 * ``run --verbose``: the timings of the final ``done`` line, as Ollama's ``api.Metrics.Summary`` prints them
@@ -180,10 +181,23 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def node_cell(entry: Mapping[str, Any]) -> str:
+    """``ps``'s NODE cell: the entry's ``node``; for a model split over nodes (``split``, docs/split.md),
+    every node's size after it, the node running llama-server first: ``alpha 197.4 MB + 10.0.0.3:17434
+    88.0 MB``."""
+    split = entry.get("split")
+    node = str(entry.get("node") or "")
+    if not isinstance(split, list) or not split:
+        return node
+    parts = [f"{part.get('node') or ''} {format_size(part.get('size') or 0)}"
+             for part in split if isinstance(part, Mapping)]
+    return (f"{node}: " if node else "") + " + ".join(parts)
+
+
 def ps_table(models: Sequence[Mapping[str, Any]], now: datetime) -> str:
     """The ``llmman ps`` table from ``/api/ps`` entries, in the daemon's order. UNTIL is empty for an
     entry whose PROCESSOR is ``failed (...)`` (a load that failed keeps no expiry worth showing)."""
-    with_node = any(m.get("node") for m in models)
+    with_node = any(m.get("node") or m.get("split") for m in models)
     headers = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "STARTED"]
     if with_node:
         headers.append("NODE")
@@ -201,7 +215,7 @@ def ps_table(models: Sequence[Mapping[str, Any]], now: datetime) -> str:
             format_ago(started, now) if started else "",
         ]
         if with_node:
-            row.append(str(m.get("node") or ""))
+            row.append(node_cell(m))
         # a failed load has no expiry to show: its entry stays until the next request, never "Stopping..."
         row.append("" if row[3].startswith("failed") else format_until(m.get("expires_at"), now))
         rows.append(row)

@@ -74,8 +74,8 @@ class WorkerLeases(Protocol):
         ...
 
     def watch(self, lost: Callable[[str], None]) -> None:
-        """Renew the leases until :meth:`release`; ``lost(why)`` once a worker is gone (its lender answered
-        404, or did not answer for a whole lease)."""
+        """``lost(why)`` once a worker is gone (its lender answered a renewal with 404, or did not answer
+        for a whole lease); at once if one is already. The leases are renewed until :meth:`release`."""
         ...
 
     async def release(self) -> None:
