@@ -187,6 +187,17 @@ async def test_serve_off_is_403(tmp_path: Path) -> None:
         await node.close()
 
 
+async def test_a_draining_node_lends_nothing_new(node: Node) -> None:
+    lent = await node.lending.lend("o", "m", 100)
+    node.scheduler.drain()
+    with pytest.raises(LlmmanError) as caught:
+        await node.lending.lend("o", "m", 100)
+    assert caught.value.status == 503 and caught.value.code == "draining"
+    assert node.lending.renew(lent.id) == 30.0 and lent.worker.alive  # what it lent already goes on
+    node.scheduler.undrain()
+    await node.lending.lend("o", "m", 100)
+
+
 async def test_close_stops_every_worker(tmp_path: Path) -> None:
     node = Node(tmp_path)
     workers = [await node.lending.lend("o", "m", 100) for _ in range(2)]

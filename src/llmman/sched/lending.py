@@ -149,6 +149,7 @@ class Lending:
 
         Raises:
             RpcDisabled: ``rpc.serve`` is off (403).
+            LlmmanError: 503 ``draining`` while the node drains (llmman.sched.scheduler.Scheduler.drain).
             RunnerError: no ggml-rpc-server (503), or it would not start (500, its last lines quoted).
             LlmmanError: 507 ``insufficient_memory`` (llmman.sched.scheduler.Scheduler.reserve); 503 when
                 the daemon shuts down.
@@ -156,6 +157,9 @@ class Lending:
         if not self.serve:
             raise RpcDisabled()
         self._check_open()
+        if self._scheduler.draining:  # a node being emptied takes on nothing new (llmman drain)
+            raise LlmmanError("this node is draining: it lends no new RPC workers", status=503,
+                              code="draining")
         binary = self._find_binary()
         await self._scheduler.reserve(memory)
         worker_id = secrets.token_hex(8)
