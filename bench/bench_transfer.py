@@ -30,6 +30,7 @@ Prints a table (best of N MB/s and the median of the per-round ratios) and write
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -41,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -84,12 +86,14 @@ def _curl(url: str, out: str = "/dev/null", headers: dict[str, str] | None = Non
 
 
 class _Watch:
-    """During a transfer: the daemon's CPU (main thread = the event loop, and the rest) and the worst
-    ``GET /api/version`` latency, asked every 10 ms."""
+    """During a transfer: the daemon's CPU (main thread = the event loop, and the rest) and, when
+    ``ping``, the worst ``GET /api/version`` latency, asked every 10 ms (a separate pass: the pings cost
+    CPU the transfer would otherwise have)."""
 
-    def __init__(self, d: Daemon) -> None:
+    def __init__(self, d: Daemon, ping: bool) -> None:
         self.proc = psutil.Process(d.process.pid)
         self.url = d.url + "/api/version"
+        self.ping = ping
         self.worst = 0.0
         self._stop = threading.Event()
 
@@ -110,12 +114,14 @@ class _Watch:
         """(seconds, bytes, loop CPU s, other CPU s, worst version latency s) of ``work``."""
         main0, rest0 = self._times()
         pinger = threading.Thread(target=self._ping, daemon=True)
-        pinger.start()
+        if self.ping:
+            pinger.start()
         try:
             seconds, size = work()
         finally:
             self._stop.set()
-            pinger.join()
+            if self.ping:
+                pinger.join()
         main1, rest1 = self._times()
         return seconds, size, main1 - main0, rest1 - rest0, self.worst
 
@@ -139,22 +145,26 @@ def serving(d: Daemon, digest: str, size: int, blob: Path, tmp: Path, rounds: in
             except httpx.HTTPError:
                 time.sleep(0.05)
         v2 = f"{d.url}/v2/{NAME.split(':')[0]}/blobs/{digest}"
-        rows: dict[str, list[tuple[float, float, float, float]]] = {"nginx": [], "llmman blob server": [],
+        rows: dict[str, list[tuple[float, float, float]]] = {"nginx": [], "llmman blob server": [],
                                                                      "llmman inline": []}
         _curl(f"http://127.0.0.1:{port}/blob")  # warm the page cache
         for i in range(rounds):
             for label in rows:
                 if label == "nginx":
                     seconds, got = _curl(f"http://127.0.0.1:{port}/blob")
-                    loop = rest = worst = 0.0
+                    loop = rest = 0.0
                 else:
                     ask = {BLOB_REDIRECT: "1"} if label == "llmman blob server" else {}
-                    seconds, got, loop, rest, worst = _Watch(d).run(lambda ask=ask: _curl(v2, headers=ask))
+                    fetch = functools.partial(_curl, v2, headers=ask)
+                    seconds, got, loop, rest, _ = _Watch(d, False).run(fetch)
                 if got != size:
                     raise RuntimeError(f"{label}: got {got} of {size} bytes")
-                rows[label].append((size / seconds, loop / (size / 1e9), rest / (size / 1e9), worst))
+                rows[label].append((size / seconds, loop / (size / 1e9), rest / (size / 1e9)))
             print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1][0] / 1e6:.0f} MB/s" for k, v in rows.items()),
                   flush=True)
+        stalls = {"nginx": 0.0}
+        for label, ask in (("llmman blob server", {BLOB_REDIRECT: "1"}), ("llmman inline", {})):
+            stalls[label] = _Watch(d, True).run(functools.partial(_curl, v2, headers=ask))[4]
     finally:
         nginx.terminate()
         nginx.wait(10)
@@ -167,11 +177,11 @@ def serving(d: Daemon, digest: str, size: int, blob: Path, tmp: Path, rounds: in
                       "best_ratio_to_nginx": max(rates) / max(nginx_rates),
                       "loop_cpu_s_per_gb": statistics.median(r[1] for r in got_rows),
                       "other_cpu_s_per_gb": statistics.median(r[2] for r in got_rows),
-                      "worst_api_version_ms": max(r[3] for r in got_rows) * 1e3}
+                      "worst_api_version_ms": stalls[label] * 1e3}
     return out
 
 
-def pulls(d: Daemon, model: Path, tmp: Path, rounds: int) -> dict[str, object]:
+def pulls(d: Daemon, node_manifest: dict[str, Any], model: Path, tmp: Path, rounds: int) -> dict[str, object]:
     """Part 2: Puller vs curl from docker-registry, and a copy from the node vs curl -L from it."""
     reg = start_registry(tmp / "registry")
     try:
@@ -186,7 +196,7 @@ def pulls(d: Daemon, model: Path, tmp: Path, rounds: int) -> dict[str, object]:
         series: dict[str, list[float]] = {"llmman pull": [], "curl": [], "curl | tee | sha256sum": [],
                                           "llmman copy from node": [], "curl -L from node": []}
 
-        def pull(reference: str) -> float:
+        def pull(reference: str, total: int = total) -> float:
             dst = Store(tmp / "dst")
             os.sync()
             t0 = time.perf_counter()
@@ -195,7 +205,10 @@ def pulls(d: Daemon, model: Path, tmp: Path, rounds: int) -> dict[str, object]:
             shutil.rmtree(dst.root)
             return total / seconds
 
-        def curl_all(base: str, shell: str, headers: str = "") -> float:
+        node_descs = [*node_manifest["layers"], node_manifest["config"]]
+        node_total = sum(int(x["size"]) for x in node_descs)  # its config names the model otherwise
+
+        def curl_all(base: str, shell: str, headers: str = "", descs: list[dict[str, Any]] = descs) -> float:
             out = tmp / "curl"
             out.mkdir()
             os.sync()
@@ -207,7 +220,7 @@ def pulls(d: Daemon, model: Path, tmp: Path, rounds: int) -> dict[str, object]:
                 raise RuntimeError(f"curl failed: {shell}")
             seconds = time.perf_counter() - t0
             shutil.rmtree(out)
-            return total / seconds
+            return sum(int(x["size"]) for x in descs) / seconds
 
         registry_base = f"http://{reg.host}/v2/{NAME.split(':')[0]}"
         node_base = f"{d.url}/v2/{NAME.split(':')[0]}"
@@ -216,9 +229,9 @@ def pulls(d: Daemon, model: Path, tmp: Path, rounds: int) -> dict[str, object]:
             series["curl"].append(curl_all(registry_base, "curl -sf -o {file} {url}"))
             series["curl | tee | sha256sum"].append(curl_all(
                 registry_base, "curl -sf {url} | tee {file} | sha256sum >/dev/null"))
-            series["llmman copy from node"].append(pull(f"{node}/{NAME}"))
+            series["llmman copy from node"].append(pull(f"{node}/{NAME}", node_total))
             series["curl -L from node"].append(curl_all(node_base, "curl -sfL {headers} -o {file} {url}",
-                                                        f"-H '{BLOB_REDIRECT}: 1'"))
+                                                        f"-H '{BLOB_REDIRECT}: 1'", node_descs))
             print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1] / 1e6:.0f} MB/s" for k, v in series.items()),
                   flush=True)
     finally:
@@ -261,7 +274,7 @@ def main() -> int:
                                          "cpus": os.cpu_count(), "load_before": os.getloadavg()[0]}
             result["serving"] = serving(d, digest, size, blob, tmp, args.rounds)
             if not args.skip_pulls:
-                result["pulls"] = pulls(d, model, tmp, args.rounds)
+                result["pulls"] = pulls(d, stored.manifest, model, tmp, args.rounds)
         finally:
             d.stop()
         _print(result)

@@ -14,12 +14,14 @@ Rules (OCI distribution-spec 1.1 "Pulling blobs", RFC 9110 §14 ranges):
 * An llmman node is asked to redirect the GET to its blob server (:data:`BLOB_REDIRECT`, sendfile off its
   event loop; docs/transfer.md); the retries of a failed GET go to the node's main port instead.
 * The body is moved by ``splice(2)`` over plain HTTP (:mod:`llmman.registry.splice`), else read into
-  buffers that two threads write and hash (:mod:`llmman.registry.pipeline`); a single ``fsync`` at the end.
+  buffers that two threads write and hash (:mod:`llmman.registry.pipeline`); the pages' write-back to disk
+  is started every 16 MiB (:class:`_Writeback`), so the single ``fsync`` at the end has little left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -48,6 +50,8 @@ log = logging.getLogger("llmman.registry")
 ATTEMPTS = 5
 BACKOFF_S = 0.5  # first retry delay, doubled each time, ±25%
 CHUNK = 4 << 20  # bytes per read when re-hashing a partial file
+WRITEBACK_STEP = 16 << 20  # bytes written between two starts of their write-back to disk
+SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
 Progress = Callable[[int], None]  # called with the bytes completed so far
 
 
@@ -105,6 +109,27 @@ class Downloader:
         os.lseek(fd, offset, os.SEEK_SET)
         progress(offset)
         state = _Resume(offset, h)
+        writeback = _Writeback(fd, offset)
+
+        def written(done: int) -> None:
+            progress(done)
+            writeback.advance(done)
+
+        try:
+            self._attempts(client, repository, digest, size, fd, path, state, written)
+        finally:
+            writeback.close()
+        offset, got = state.offset, f"sha256:{state.h.hexdigest()}"
+        if offset != size or got != digest:
+            _drop(path)
+            raise StoreError(f"blob {digest} failed verification: got {offset} bytes with digest {got}, "
+                             f"expected {size} bytes")
+        os.fsync(fd)  # what the write-back has not done yet
+        self.store.layout.publish_file(path, digest)
+
+    def _attempts(self, client: RegistryClient, repository: str, digest: str, size: int, fd: int,
+                  path: Path, state: _Resume, progress: Progress) -> None:
+        """GET the rest of the blob, retrying transient failures (each retry resumes at ``state``)."""
         for attempt in range(ATTEMPTS):
             try:
                 self._stream(client, repository, digest, size, fd, state, progress, direct=attempt == 0)
@@ -127,13 +152,6 @@ class Downloader:
                                      f"blob {digest[:19]} ({size} bytes); free some space (`llmman rm`) "
                                      "and pull again", status=507) from exc
                 raise
-        offset, got = state.offset, f"sha256:{state.h.hexdigest()}"
-        if offset != size or got != digest:
-            _drop(path)
-            raise StoreError(f"blob {digest} failed verification: got {offset} bytes with digest {got}, "
-                             f"expected {size} bytes")
-        os.fsync(fd)
-        self.store.layout.publish_file(path, digest)
 
     def _stream(self, client: RegistryClient, repository: str, digest: str, size: int, fd: int,
                 state: _Resume, progress: Progress, *, direct: bool = True) -> None:
@@ -218,6 +236,63 @@ class _Body:
                 pipeline.close()
             finally:
                 self.offset = pipeline.offset
+
+
+class _Writeback:
+    """Starts the disk writes of a download while it runs (``sync_file_range(2)``,
+    ``SYNC_FILE_RANGE_WRITE``, from its own thread, every :data:`WRITEBACK_STEP` bytes), so the one
+    ``fsync`` before the rename waits for the last step only instead of the whole blob. Does nothing
+    where the call is missing (not Linux)."""
+
+    def __init__(self, fd: int, offset: int) -> None:
+        self.fd, self._done, self._target = fd, offset, offset
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if _sync_file_range is not None:
+            self._thread = threading.Thread(target=self._run, name="blob-writeback", daemon=True)
+            self._thread.start()
+
+    def advance(self, offset: int) -> None:
+        """``offset`` bytes of the file are written (called from the download's threads)."""
+        if self._thread is not None and offset - self._done >= WRITEBACK_STEP:
+            with self._wake:
+                self._target = max(self._target, offset)
+                self._wake.notify()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            with self._wake:
+                self._closed = True
+                self._wake.notify()
+            self._thread.join()
+
+    def _run(self) -> None:
+        assert _sync_file_range is not None
+        while True:
+            with self._wake:
+                while not self._closed and self._target - self._done < WRITEBACK_STEP:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                start, end = self._done, self._target
+                self._done = end
+            if _sync_file_range(self.fd, ctypes.c_int64(start), ctypes.c_int64(end - start),
+                                SYNC_FILE_RANGE_WRITE) != 0:
+                return  # e.g. EINVAL on a file system without it: the final fsync does all the work
+
+
+def _libc_sync_file_range() -> Callable[..., int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _libc_sync_file_range()
 
 
 def _drop(path: Path) -> None:
