@@ -33,6 +33,12 @@ def test_auto_splits_only_when_no_node_holds_it() -> None:
     assert not needs_split(300 * MB, bigger, None)  # capacity counts, not what is free now
 
 
+def test_no_lender_no_split() -> None:
+    nodes = [node(LOCAL, 250 * MB), node("b:1", 250 * MB, lends=False),
+             node("c:1", 250 * MB, state="draining")]
+    assert not needs_split(300 * MB, nodes, None)  # it loads, or fails, as before
+
+
 def test_unknown_memory_fits_anything() -> None:
     assert not needs_split(300 * MB, [node(LOCAL, 250 * MB), node("b:1", 0)], None)
     assert not needs_split(0, [node(LOCAL, 250 * MB)], None)

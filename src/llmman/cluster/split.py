@@ -143,14 +143,16 @@ def costs_of(info: GGUFInfo, *, n_ctx: int, n_parallel: int = 1, n_ubatch: int =
 
 
 def needs_split(estimate_bytes: int, nodes: Sequence[NodeView], preset_split: str | None) -> bool:
-    """Split the model? The one rule (issue 16): never with preset ``split = "never"``; with ``"always"``
-    when some peer lends workers (``rpc.serve``); else (``"auto"``, no preset) only when ``estimate_bytes``
-    exceeds the capacity (``memory``) of every node in ``nodes`` (this one and every peer seen). A node of
-    unknown memory (0) fits anything; a model that fits one node is never split."""
-    if preset_split == NEVER or not nodes:
+    """Split the model? The one rule (issue 16): never with preset ``split = "never"``, nor when no peer in
+    ``nodes`` lends workers (``rpc.serve``, not draining: the model then loads, or fails, as it always did);
+    with ``"always"`` whenever one does; else (``"auto"``, no preset) only when ``estimate_bytes`` exceeds
+    the capacity (``memory``) of every node in ``nodes`` (this one and every peer seen). A node of unknown
+    memory (0) fits anything; a model that fits one node is never split."""
+    lenders = any(not n.is_local and n.lends and not n.draining for n in nodes)
+    if preset_split == NEVER or not lenders:
         return False
     if preset_split == ALWAYS:
-        return any(not n.is_local and n.lends and not n.draining for n in nodes)
+        return True
     return estimate_bytes > 0 and all(0 < n.memory < estimate_bytes for n in nodes)
 
 
