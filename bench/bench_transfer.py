@@ -34,6 +34,7 @@ import functools
 import json
 import os
 import shutil
+import ssl
 import statistics
 import subprocess
 import sys
@@ -53,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.integration.daemons import Daemon, free_port, start_daemon  # noqa: E402
 from tests.integration.registry import start_registry  # noqa: E402
+from tests.integration.test_aggregation_tls import Pki, make_pki  # noqa: E402
 
 from llmman.refs import parse_reference  # noqa: E402
 from llmman.registry.client import BLOB_REDIRECT, RegistryOptions  # noqa: E402
@@ -70,14 +72,16 @@ http {{
   access_log off; sendfile on; tcp_nopush on; default_type application/octet-stream;
   client_body_temp_path {tmp}/nb; proxy_temp_path {tmp}/np; fastcgi_temp_path {tmp}/nf;
   uwsgi_temp_path {tmp}/nu; scgi_temp_path {tmp}/ns;
-  server {{ listen 127.0.0.1:{port}; root {root}; }}
+  server {{ listen 127.0.0.1:{port}{tls}; root {root}; }}
 }}
 """
 
 
-def _curl(url: str, out: str = "/dev/null", headers: dict[str, str] | None = None) -> tuple[float, int]:
+def _curl(url: str, out: str = "/dev/null", headers: dict[str, str] | None = None, cacert: str = ""
+          ) -> tuple[float, int]:
     """One ``curl`` (following redirects); (seconds, bytes received)."""
     args = ["curl", "-sfL", "-o", out, "-w", "%{size_download}", url]
+    args += ["--cacert", cacert] if cacert else []
     for k, v in (headers or {}).items():
         args += ["-H", f"{k}: {v}"]
     t0 = time.perf_counter()
@@ -90,8 +94,9 @@ class _Watch:
     ``ping``, the worst ``GET /api/version`` latency, asked every 10 ms (a separate pass: the pings cost
     CPU the transfer would otherwise have)."""
 
-    def __init__(self, d: Daemon, ping: bool) -> None:
+    def __init__(self, d: Daemon, ping: bool, cacert: str = "") -> None:
         self.proc = psutil.Process(d.process.pid)
+        self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=cacert) if cacert else True
         self.url = d.url + "/api/version"
         self.ping = ping
         self.worst = 0.0
@@ -104,7 +109,7 @@ class _Watch:
         return main, cpu.user + cpu.system - main
 
     def _ping(self) -> None:
-        with httpx.Client(timeout=30) as c:
+        with httpx.Client(timeout=30, verify=self.verify) as c:
             while not self._stop.wait(0.01):
                 t0 = time.perf_counter()
                 c.get(self.url)
@@ -126,36 +131,42 @@ class _Watch:
         return seconds, size, main1 - main0, rest1 - rest0, self.worst
 
 
-def serving(d: Daemon, digest: str, size: int, blob: Path, tmp: Path, rounds: int) -> dict[str, object]:
-    """Part 1: nginx, the blob server and the inline route, each curl'd ``rounds`` times."""
+def serving(d: Daemon, digest: str, size: int, blob: Path, tmp: Path, rounds: int, pki: Pki | None = None
+            ) -> dict[str, object]:
+    """Part 1: nginx, the blob server and the inline route, each curl'd ``rounds`` times (over TLS with
+    ``pki``: nginx with the same certificate as the daemon)."""
+    tmp = tmp / ("nginx-tls" if pki else "nginx")
     root = tmp / "www"
-    root.mkdir()
+    root.mkdir(parents=True)
     (root / "blob").symlink_to(blob)
     port = free_port("127.0.0.1")
     conf = tmp / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(tmp=tmp, port=port, root=root))
+    tls = f" ssl; ssl_certificate {pki.cert}; ssl_certificate_key {pki.key}" if pki else ""
+    conf.write_text(NGINX_CONF.format(tmp=tmp, port=port, root=root, tls=tls))
+    scheme, cacert = ("https", str(pki.ca)) if pki else ("http", "")
+    curl = functools.partial(_curl, cacert=cacert)
     nginx = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(tmp)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                if httpx.head(f"http://127.0.0.1:{port}/blob").status_code == 200:
+                if httpx.head(f"{scheme}://127.0.0.1:{port}/blob", verify=False).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.05)
         v2 = f"{d.url}/v2/{NAME.split(':')[0]}/blobs/{digest}"
         rows: dict[str, list[tuple[float, float, float]]] = {"nginx": [], "llmman blob server": [],
                                                                      "llmman inline": []}
-        _curl(f"http://127.0.0.1:{port}/blob")  # warm the page cache
+        curl(f"{scheme}://127.0.0.1:{port}/blob")  # warm the page cache
         for i in range(rounds):
             for label in rows:
                 if label == "nginx":
-                    seconds, got = _curl(f"http://127.0.0.1:{port}/blob")
+                    seconds, got = curl(f"{scheme}://127.0.0.1:{port}/blob")
                     loop = rest = 0.0
                 else:
                     ask = {BLOB_REDIRECT: "1"} if label == "llmman blob server" else {}
-                    fetch = functools.partial(_curl, v2, headers=ask)
+                    fetch = functools.partial(curl, v2, headers=ask)
                     seconds, got, loop, rest, _ = _Watch(d, False).run(fetch)
                 if got != size:
                     raise RuntimeError(f"{label}: got {got} of {size} bytes")
@@ -164,7 +175,7 @@ def serving(d: Daemon, digest: str, size: int, blob: Path, tmp: Path, rounds: in
                   flush=True)
         stalls = {"nginx": 0.0}
         for label, ask in (("llmman blob server", {BLOB_REDIRECT: "1"}), ("llmman inline", {})):
-            stalls[label] = _Watch(d, True).run(functools.partial(_curl, v2, headers=ask))[4]
+            stalls[label] = _Watch(d, True, cacert).run(functools.partial(curl, v2, headers=ask))[4]
     finally:
         nginx.terminate()
         nginx.wait(10)
@@ -254,6 +265,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--skip-pulls", action="store_true", help="part 1 only")
+    parser.add_argument("--tls", action="store_true", help="part 1 once more over TLS (needs openssl)")
     args = parser.parse_args()
     model = next((p for p in (MODELS / "gemma-3-270m-q4_k_m.gguf", MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf")
                   if p.is_file()), None)
@@ -277,6 +289,17 @@ def main() -> int:
                 result["pulls"] = pulls(d, stored.manifest, model, tmp, args.rounds)
         finally:
             d.stop()
+        if args.tls:
+            (tmp / "pki").mkdir()
+            pki = make_pki(tmp / "pki")
+            shutil.copytree(tmp / "node" / "store", tmp / "tls" / "store", symlinks=True)
+            env = {"LLMMAN_TLS_CERT": str(pki.cert), "LLMMAN_TLS_KEY": str(pki.key),
+                   "LLMMAN_TLS_CA": str(pki.ca)}
+            d = start_daemon(tmp / "tls", extra_env=env)
+            try:
+                result["serving_tls"] = serving(d, digest, size, blob, tmp, args.rounds, pki)
+            finally:
+                d.stop()
         _print(result)
         if args.json:
             args.json.write_text(json.dumps(result, indent=2) + "\n")
@@ -288,14 +311,16 @@ def main() -> int:
 def _print(result: dict[str, object]) -> None:
     print(f"\nmodel {result['model']}, blob {int(str(result['blob_bytes'])) / 1e6:.0f} MB, best of "
           f"{result['rounds']} rounds, {result['cpus']} CPUs, load {float(str(result['load_before'])):.1f}")
-    serving_rows = result["serving"]
-    assert isinstance(serving_rows, dict)
-    print(f"{'serving':24}{'MB/s':>8}{'/nginx':>8}{'median':>8}{'loop s/GB':>10}{'rest s/GB':>10}"
-          f"{'stall ms':>9}")
-    for label, row in serving_rows.items():
-        print(f"{label:24}{row['best_mb_s']:>8.0f}{row['best_ratio_to_nginx']:>8.2f}"
-              f"{row['median_ratio_to_nginx']:>8.2f}{row['loop_cpu_s_per_gb']:>10.2f}"
-              f"{row['other_cpu_s_per_gb']:>10.2f}{row['worst_api_version_ms']:>9.1f}")
+    for part in ("serving", "serving_tls"):
+        serving_rows = result.get(part)
+        if not isinstance(serving_rows, dict):
+            continue
+        print(f"{part:24}{'MB/s':>8}{'/nginx':>8}{'median':>8}{'loop s/GB':>10}{'rest s/GB':>10}"
+              f"{'stall ms':>9}")
+        for label, row in serving_rows.items():
+            print(f"{label:24}{row['best_mb_s']:>8.0f}{row['best_ratio_to_nginx']:>8.2f}"
+                  f"{row['median_ratio_to_nginx']:>8.2f}{row['loop_cpu_s_per_gb']:>10.2f}"
+                  f"{row['other_cpu_s_per_gb']:>10.2f}{row['worst_api_version_ms']:>9.1f}")
     pull_rows = result.get("pulls")
     if isinstance(pull_rows, dict):
         print(f"{'pulls':24}{'MB/s':>8}{'ratio':>8}{'median':>8}")
