@@ -29,8 +29,9 @@ plain ``read``/``write``) per token: about 1 read per token means one event per 
 The table shows medians over rounds after a warm-up round. Targets: <= 10 µs passthrough, <= 15 µs Ollama,
 <= 10 µs on the forwarding node. Timings are reported, never asserted; the exit status is non-zero only
 when a stream or the set-up failed. Results go to ``bench/results-relay-cost-<date>.json``
-(``-quick`` for ``--quick``). ``--profile DIR`` records py-spy (``.venv/bin/py-spy``) on the measured
-daemon during each path's rounds, one flame graph per path.
+(``-quick`` for ``--quick``); ``--src`` runs the daemons from another checkout (a before/after).
+``--profile DIR`` records py-spy (``.venv/bin/py-spy``) on the measured daemon during each path's rounds:
+folded stacks per path and round (``-f raw``; flamegraph.pl and speedscope read them).
 """
 
 from __future__ import annotations
@@ -205,12 +206,13 @@ def wait_for_hop(a: str, timeout: float = 60.0) -> None:
 
 
 def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
-    """``py-spy record`` on ``pid`` into the flame graph ``out``, or None without py-spy."""
+    """``py-spy record`` on ``pid`` into ``out`` (folded stacks), or None without py-spy."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not os.access(spy, os.X_OK):
         print("py-spy not found: no profile", file=sys.stderr)
         return None
-    return subprocess.Popen([spy, "record", "-p", str(pid), "-o", str(out), "-r", "250", "--nonblocking"],
+    return subprocess.Popen([spy, "record", "-p", str(pid), "-o", str(out), "-f", "raw", "-r", "250",
+                             "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -227,7 +229,7 @@ async def measure(ds: dict[str, Daemon], direct: str, paths: Sequence[str], conc
             order = list(paths[i % len(paths):]) + list(paths[:i % len(paths)])
             for path in order:
                 node = MEASURED.get(path, "b")
-                spy = start_profiler(ds[node].process.pid, profile / f"{path}-{i}.svg") \
+                spy = start_profiler(ds[node].process.pid, profile / f"{path}-{i}.folded") \
                     if profile is not None and i > 0 else None
                 got = await timed_round(session, ds, per_path[path], conc)
                 if spy is not None:
@@ -280,7 +282,8 @@ def main() -> int:
     parser.add_argument("--src", type=Path,
                         help="run the daemons from this checkout's src/ (PYTHONPATH), e.g. a worktree of the "
                              "commit before a change, for a before/after on the same machine")
-    parser.add_argument("--profile", type=Path, help="a directory for py-spy flame graphs, one per round")
+    parser.add_argument("--profile", type=Path,
+                        help="a directory for py-spy folded stacks, one file per path and round")
     parser.add_argument("--json", type=Path, help="where to write the results")
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)

@@ -12,7 +12,7 @@ and the connection are released in ``finally``.
 
 :class:`PeerAnswer` streams a peer's answer back unchanged as it comes, naming the node that served it
 (``x-llmman-node``: the peer's own header, else the peer's name); a gap of ``aggregation.stall_timeout``
-probes the peer (cluster/forward.py :func:`~llmman.cluster.forward.next_chunk`), and a peer that fails,
+probes the peer (cluster/forward.py :class:`~llmman.cluster.forward.WatchedAnswer`), and a peer that fails,
 stays silent without answering its probe, or sends nothing for ``server.load_timeout`` mid-answer gets
 one in-band frame in the dialect of the route; a client that goes away closes the upstream connection,
 which cancels the work on the peer.
@@ -26,11 +26,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from llmman.api.cancel import unless_disconnected
-from llmman.cluster.forward import NODE, RESPONSE_DROP, Alive, header_value, next_chunk
+from llmman.cluster.forward import NODE, RESPONSE_DROP, Alive, WatchedAnswer, header_value
 from llmman.errors import LlmmanError
 from llmman.gateway import UpstreamExchange
 from llmman.protocol.errors import Dialect
@@ -56,31 +56,72 @@ def stream_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
 
 def stream_answer(exchange: UpstreamExchange, transducer: Transducer, *, media_type: str | None = None,
                   headers: Mapping[str, str] | None = None,
-                  chunks: AsyncIterator[bytes] | None = None) -> StreamingResponse:
+                  chunks: AsyncIterator[bytes] | None = None) -> Response:
     """A 200 streaming response of ``exchange``'s body (or ``chunks``, a route's reading of it) through
     ``transducer``, with :data:`STREAM_HEADERS`."""
-    return StreamingResponse(_relay(exchange, transducer, chunks), status_code=200, media_type=media_type,
-                             headers=stream_headers(headers))
+    return StreamAnswer(exchange, transducer, chunks, media_type=media_type, headers=stream_headers(headers))
 
 
-async def _relay(exchange: UpstreamExchange, transducer: Transducer,
-                 chunks: AsyncIterator[bytes] | None = None) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in chunks if chunks is not None else exchange.chunks():
-            out = transducer.feed(chunk)
-            if out:
-                yield out
-        tail = transducer.close()
-        if tail:
-            yield tail
-    except LlmmanError as exc:
-        log.warning("stream for %s ended with an error: %s", exchange.lease.reference, exc.message)
-        yield transducer.error(exc)
-    except Exception as exc:  # an in-band error rather than a torn stream, never a traceback
-        log.exception("stream for %s failed", exchange.lease.reference, exc_info=exc)
-        yield transducer.error(LlmmanError("internal server error"))
-    finally:
-        exchange.close()
+class StreamAnswer(Response):
+    """A local child's answer through a transducer, streamed to the client as it comes (an ASGI response).
+
+    One loop reads the child's chunks, feeds them to the transducer and sends what comes out, one send
+    per chunk read, with no async generator or task group between the read and the send (the cost per
+    event is what a GPU child's one-event reads pay, issue 17). The client's disconnect cancels the loop;
+    the exchange is closed in any case.
+    """
+
+    def __init__(self, exchange: UpstreamExchange, transducer: Transducer,
+                 chunks: AsyncIterator[bytes] | None, *, media_type: str | None,
+                 headers: Mapping[str, str]) -> None:
+        self._exchange = exchange
+        self._transducer = transducer
+        self._chunks = chunks
+        self.status_code = 200
+        if media_type is not None:
+            self.media_type = media_type
+        self.background = None
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pump = asyncio.ensure_future(self._pump(send))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (pump, watch):
+                task.cancel()
+            await asyncio.gather(pump, watch, return_exceptions=True)
+            self._exchange.close()
+        failed = None if pump.cancelled() else pump.exception()
+        if failed is not None:
+            raise failed  # a send that failed, as StreamingResponse lets it
+
+    async def _pump(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        exchange, transducer = self._exchange, self._transducer
+        feed = transducer.feed
+        following = (self._chunks if self._chunks is not None else exchange.chunks()).__anext__
+        try:
+            last = False
+            while not last:
+                try:
+                    try:
+                        out = feed(await following())
+                    except StopAsyncIteration:
+                        out, last = transducer.close(), True
+                except LlmmanError as exc:
+                    log.warning("stream for %s ended with an error: %s", exchange.lease.reference,
+                                exc.message)
+                    out, last = transducer.error(exc), True
+                except Exception as exc:  # an in-band error rather than a torn stream, never a traceback
+                    log.exception("stream for %s failed", exchange.lease.reference, exc_info=exc)
+                    out, last = transducer.error(LlmmanError("internal server error")), True
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+        finally:
+            exchange.close()
+        await send({"type": "http.response.body", "body": b""})
 
 
 class PeerAnswer(Response):
@@ -152,16 +193,19 @@ class PeerAnswer(Response):
     async def _pump(self, send: Send) -> None:
         upstream = self._upstream
         await send({"type": "http.response.start", "status": upstream.status, "headers": self.headers_out()})
-        alive = self._alive or _always
-        what = f"peer {self._name} silent mid-answer"
+        answer = WatchedAnswer(upstream.content, self._alive or _always, self._stall,
+                               what=f"peer {self._name} silent mid-answer")
+        following = answer.next
         try:
-            while chunk := await next_chunk(upstream.content, alive, self._stall, what=what):
+            while chunk := await following():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             what = "stalled" if isinstance(exc, TimeoutError) else "failed"  # timeout: silent too long
             self._broke(f"{what} mid-answer: {exc or type(exc).__name__}")
             frame = self._frame(f"peer {self._name} {what} mid-answer")
             await send({"type": "http.response.body", "body": frame, "more_body": True})
+        finally:
+            answer.close()
         await send({"type": "http.response.body", "body": b""})
 
 

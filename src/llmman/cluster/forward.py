@@ -206,3 +206,73 @@ async def next_chunk(content: aiohttp.StreamReader, alive: Alive, stall: float, 
         if not gap.expired():
             raise  # aiohttp's own read timeout, not our gap
     return await watched(content.readany(), alive, stall, what=what, probe_first=True)
+
+
+class WatchedAnswer:
+    """A peer's answer read to its end (:meth:`next`), its silences watched with one timer per ``stall``
+    interval instead of one per chunk (:func:`next_chunk`'s way costs a timer a chunk, and a GPU peer
+    sends one event a chunk).
+
+    The rule is :func:`next_chunk`'s: a read that has waited ``stall`` seconds asks ``alive()`` (then
+    again ``stall`` seconds after each probe that says yes, while the read still waits); a probe that
+    says no ends the answer, the pending read raising :class:`PeerSilent`. Time spent sending to a slow
+    client is not silence: the gap counts from the start of each read. Unlike :func:`next_chunk`, giving
+    up ends the stream (the reader gets the error), so :meth:`close` it once done; ``stall <= 0`` never
+    asks.
+    """
+
+    def __init__(self, content: aiohttp.StreamReader, alive: Alive, stall: float, *, what: str) -> None:
+        self._content = content
+        self._alive = alive
+        self._stall = stall
+        self._what = what
+        self._loop = asyncio.get_running_loop()
+        self._since = self._loop.time()
+        self._reading = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._probe: asyncio.Task[None] | None = None
+        if stall > 0:
+            self._timer = self._loop.call_at(self._since + stall, self._check)
+
+    async def next(self) -> bytes:
+        """The next bytes of the answer, ``b""`` at its end.
+
+        Raises:
+            PeerSilent: the peer stayed silent and did not answer its probe.
+            aiohttp.ClientError, OSError, TimeoutError: the answer broke (or ``sock_read`` ran out).
+        """
+        self._since = self._loop.time()
+        self._reading = True
+        try:
+            return await self._content.readany()
+        finally:
+            self._reading = False
+
+    def close(self) -> None:
+        """Stop watching (idempotent)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
+
+    def _check(self) -> None:
+        self._timer = None
+        now = self._loop.time()
+        if not self._reading or now - self._since < self._stall:
+            start = self._since if self._reading else now
+            self._timer = self._loop.call_at(max(start + self._stall, now + 0.001), self._check)
+            return
+        self._probe = asyncio.ensure_future(self._ask())
+
+    async def _ask(self) -> None:
+        if not await self._alive():
+            if self._reading:
+                self._content.set_exception(PeerSilent(
+                    f"{self._what} for {self._stall:g} s and not answering its probe"))
+            self._probe = None
+            return
+        log.debug("%s for %g s, but it answers its probe: still waiting", self._what, self._stall)
+        self._probe = None
+        self._timer = self._loop.call_at(self._loop.time() + self._stall, self._check)

@@ -138,6 +138,7 @@ class OpenAIStream:
         self._held = b""
         self._started = False
         self._created: bytes | None = None  # the first chunk's created, as its digits
+        self._created_field = b""  # ``"created":`` and those digits, made once
         self.synthesised = 0  # first events made here (0 or 1), for tests and the log
 
     def feed(self, chunk: bytes) -> bytes:
@@ -162,8 +163,8 @@ class OpenAIStream:
     def _events(self, whole: bytes) -> bytes:
         if not self._started:
             whole = self._start(whole)
-        created = self._created
-        if created is not None and whole.count(_CREATED) != whole.count(_CREATED + created) and any(
+        created, field = self._created, self._created_field
+        if created is not None and whole.count(_CREATED) != whole.count(field) and any(
                 value != created for value in _CREATED_VALUE.findall(whole)):  # counts first: C speed
             whole = _CREATED_VALUE.sub(self._same_created, whole)
         if (_ARGUMENTS in whole and _ARGS_OBJECT.search(whole)) or (
@@ -172,7 +173,7 @@ class OpenAIStream:
         return whole
 
     def _same_created(self, match: re.Match[bytes]) -> bytes:
-        return _CREATED + self._created if self._created is not None else match.group(0)
+        return self._created_field if self._created is not None else match.group(0)
 
     def _start(self, whole: bytes) -> bytes:
         """``whole`` with the dialect's first event put in front when the child left it out."""
@@ -187,6 +188,7 @@ class OpenAIStream:
         created = obj.get("created")
         if self.kind is not Kind.RESPONSES and isinstance(created, int) and not isinstance(created, bool):
             self._created = str(created).encode()
+            self._created_field = _CREATED + self._created
         head = self._missing_head(first, obj)
         if head:
             self.synthesised += 1
