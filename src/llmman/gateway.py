@@ -181,6 +181,7 @@ class Gateway:
         self.peers: Peers | None = None
         self._splits: dict[str, ModelPlan] = {}  # table key -> the split plan whose child runs or loads
         self._planning: dict[str, asyncio.Lock] = {}  # table key -> one split planned at a time
+        self._releasing: set[asyncio.Future[None]] = set()  # releases of workers no child took
         # Set by the daemon: told each lease's model and seconds waited (queue + load), for the metrics.
         self.leased: Callable[[str, float], None] | None = None
         self._open: set[UpstreamExchange] = set()  # exchanges not closed yet (cut_all)
@@ -353,8 +354,10 @@ class Gateway:
         try:
             lease = await self.scheduler.acquire(plan, keep_alive=keep_alive, request=request)
         except BaseException:
-            if plan.split is not None and plan.split.workers is not None and not self._in_table(plan.key):
-                await plan.split.workers.release()  # refused before its child started: free the workers
+            if plan.split is not None:  # refused, failed, abandoned: its workers go unless a child runs them
+                task = asyncio.ensure_future(self._release_unused(plan))
+                self._releasing.add(task)
+                task.add_done_callback(self._releasing.discard)
             raise
         if self.leased is not None:
             self.leased(lease.reference, lease.load_duration)
@@ -390,6 +393,21 @@ class Gateway:
             if not needs_split(plan.estimate, [local, *peers], wanted):
                 return plan
             return await self._plan_split(model, plan, local, peers)
+
+    async def _release_unused(self, plan: ModelPlan) -> None:
+        """Release ``plan``'s workers once its load has settled without a child running on them: a load
+        refused (507) or abandoned while it waited for room never reaches the launcher, which releases them
+        itself for every start that fails. Waits (checking twice a second) while another request still
+        loads it."""
+        workers = plan.split.workers if plan.split is not None else None
+        if workers is None:
+            return
+        await asyncio.sleep(0)  # a cancelled load leaves the table on the next turn of the loop
+        # The scheduler's entry has an event for its exit, not for this; a load is seconds, so poll it.
+        while not workers.spent and self._in_table(plan.key) and not self.scheduler.is_loaded(plan.key):  # noqa: ASYNC110
+            await asyncio.sleep(0.5)
+        if not (self.scheduler.is_loaded(plan.key) and self._splits.get(plan.key) is plan):
+            await workers.release()
 
     def _in_table(self, key: str) -> bool:
         """True while the scheduler has an entry (loading, loaded or stopping) with table ``key``."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmman.cluster.placement import LOCAL, NodeView
+from llmman.cluster.placement import LOCAL, ModelLoad, NodeView
 from llmman.cluster.split import Costs, costs_of, needs_split, plan_split
 from llmman.errors import LlmmanError
 from llmman.gguf import read_gguf
@@ -80,6 +80,24 @@ def test_free_memory_counts_loaded_and_reserved() -> None:
     by = {s.node: s for s in plan.shares}
     assert by[LOCAL].memory <= 150 * MB and by["b:1"].memory <= 100 * MB and by["c:1"].memory <= 150 * MB
     assert sum(s.layers for s in plan.shares) == 10
+
+
+def test_idle_models_count_as_room_only_when_free_memory_is_not_enough() -> None:
+    idle = {"idle:1": ModelLoad(slots=1)}
+    busy = {"busy:1": ModelLoad(slots=1, in_flight=1)}
+    b = NodeView("b:1", 300 * MB, {"idle:1": 150 * MB}, {}, "http://b:1", models=idle, lends=True)
+    c = NodeView("c:1", 300 * MB, {"busy:1": 100 * MB}, {}, "http://c:1", models=busy, lends=True)
+    plan = plan_split("m:1", COSTS, node(LOCAL, 150 * MB), [b, c])
+    assert {w.node: w.memory for w in plan.workers}["b:1"] <= 150 * MB  # fits in free memory: no eviction
+    tight = plan_split("m:1", Costs(head=100 * MB, layers=(50 * MB,) * 7, compute=20 * MB),
+                       node(LOCAL, 150 * MB), [b, c])
+    by = {w.node: w.memory for w in tight.workers}
+    assert by["b:1"] > 150 * MB and by["b:1"] <= 300 * MB  # b's idle model unloads for its worker
+    assert by["c:1"] <= 200 * MB  # c's busy model stays
+    with pytest.raises(LlmmanError) as caught:
+        plan_split("m:1", Costs(head=100 * MB, layers=(50 * MB,) * 10, compute=20 * MB),
+                   node(LOCAL, 150 * MB), [b, c])
+    assert "idle models unloaded" in caught.value.message
 
 
 def test_rounding_never_overfills_a_node() -> None:

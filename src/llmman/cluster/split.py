@@ -156,10 +156,21 @@ def needs_split(estimate_bytes: int, nodes: Sequence[NodeView], preset_split: st
     return estimate_bytes > 0 and all(0 < n.memory < estimate_bytes for n in nodes)
 
 
-def _room(node: NodeView, whole: int) -> int:
-    """What ``node`` can take now: its free bytes (memory minus loaded models and lent workers); a node of
-    unknown memory takes the whole model."""
-    return node.free if node.memory > 0 else whole
+def _room(node: NodeView, whole: int, evict: bool) -> int:
+    """What ``node`` can take: its free bytes (memory minus loaded models and lent workers), or with
+    ``evict`` also what its idle models hold (admission unloads those for a load: docs/memory.md); a model
+    this node does not report as idle (busy, loading, or from an older node without ``models``) stays. A
+    node of unknown memory takes the whole model."""
+    if node.memory <= 0:
+        return whole
+    if not evict:
+        return node.free
+    held = 0
+    for ref, size in node.loaded.items():
+        load = node.load_of(ref)
+        if load is None or load.busy or load.loading:
+            held += size
+    return max(0, node.memory - held - node.reserved)
 
 
 def _assign(layers: Sequence[int], avail: Sequence[int]) -> list[int] | None:
@@ -208,32 +219,41 @@ def plan_split(reference: str, costs: Costs, local: NodeView, peers: Sequence[No
     """The split of ``reference``: this node (``local``, which runs llama-server) keeps the head and the
     first layers; each peer that lends workers (``lends``, not draining) and has room for a compute buffer
     and a layer takes the following layers, peers with most room first; the layers go in proportion to
-    the room each node has beyond its fixed part (free memory, placement's NodeView.free). Workers that
-    would get no layer are left out.
+    the room each node has beyond its fixed part. The room is free memory (placement's NodeView.free) when
+    the split fits in it, else free memory plus what idle models hold (their nodes unload them, as for any
+    load). Workers that would get no layer are left out.
 
     Raises:
         LlmmanError: 507 ``insufficient_memory`` naming the bytes missing, when this node cannot hold the
-            head or the pool cannot hold every layer.
+            head or the pool cannot hold every layer, even without its idle models.
     """
+    try:
+        return _plan(reference, costs, local, peers, evict=False)
+    except LlmmanError:
+        return _plan(reference, costs, local, peers, evict=True)
+
+
+def _plan(reference: str, costs: Costs, local: NodeView, peers: Sequence[NodeView], *, evict: bool
+          ) -> SplitPlan:
     whole = costs.total + costs.compute * max(1, len(peers))
-    local_room = _room(local, whole)
+    local_room = _room(local, whole, evict)
     if local_room < costs.head:
         raise LlmmanError(
             f"model {reference} cannot be split from this node: it keeps the embeddings and buffers, "
-            f"{format_bytes(costs.head)}, but has {format_bytes(local_room)} free",
+            f"{format_bytes(costs.head)}, but has {format_bytes(local_room)} for it, idle models unloaded",
             status=507, code="insufficient_memory")
     lenders = sorted((p for p in peers if p.lends and not p.draining and not p.is_local
-                      and _room(p, whole) > costs.compute),
-                     key=lambda p: (-_room(p, whole), p.name))
-    avail = [local_room - costs.head] + [_room(p, whole) - costs.compute for p in lenders]
+                      and _room(p, whole, evict) > costs.compute),
+                     key=lambda p: (-_room(p, whole, evict), p.name))
+    avail = [local_room - costs.head] + [_room(p, whole, evict) - costs.compute for p in lenders]
     counts = _assign(costs.layers, avail)
     if counts is None:
         layers = sum(costs.layers)
         missing = max(1, layers - sum(avail))
         raise LlmmanError(
             f"model {reference} needs {format_bytes(costs.total)}, more than any node has; "
-            f"split over this node and {len(lenders)} peer(s) lending RPC workers it still lacks "
-            f"{format_bytes(missing)}", status=507, code="insufficient_memory")
+            f"split over this node and {len(lenders)} peer(s) lending RPC workers, idle models unloaded, "
+            f"it still lacks {format_bytes(missing)}", status=507, code="insufficient_memory")
     start = counts[0]
     mine = Share(LOCAL, "", local.node or LOCAL, counts[0], costs.head + sum(costs.layers[:start]))
     workers = []
