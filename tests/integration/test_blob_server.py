@@ -10,15 +10,18 @@ from __future__ import annotations
 import hashlib
 import shutil
 import signal
+import socket
 import ssl
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
 
+from llmman.api.blobserver import MAX_CONNECTIONS
 from llmman.refs import parse_reference
 from llmman.registry.client import BLOB_REDIRECT
 from llmman.store import Store
@@ -129,6 +132,30 @@ def test_signed_urls_are_bound_to_blob_and_expiry(node: Node) -> None:
         r = httpx.get(url)
         assert r.status_code == 403 and r.json()["errors"][0]["code"] == "DENIED", url
     assert httpx.post(location).status_code == 405
+
+
+def test_past_its_connection_limit_the_blob_server_answers_503(node: Node) -> None:
+    d, digest = node.daemon, node.digest
+    location = urlsplit(httpx.get(f"{d.url}/v2/ai/smollm2/blobs/{digest}", headers=ASK).headers["location"])
+    address = (location.hostname or "", location.port or 0)
+    idle = [socket.create_connection(address) for _ in range(MAX_CONNECTIONS)]  # each holds a slot
+    try:
+        with socket.create_connection(address, timeout=30) as extra:
+            deadline = time.monotonic() + 30  # the accept loop reaches it after the 64 before it
+            answer = b""
+            while b"\r\n\r\n" not in answer and time.monotonic() < deadline:
+                if not (chunk := extra.recv(4096)):
+                    break
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in answer, answer
+    finally:
+        for sock in idle:
+            sock.close()
+    deadline = time.monotonic() + 30  # the slots come back as their threads see the connections end
+    while (status := httpx.head(urlunsplit(location), timeout=30).status_code) == 503 \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status == 200
 
 
 def test_a_pull_from_the_node_comes_through_the_blob_server_or_falls_back(node: Node, tmp_path: Path) -> None:

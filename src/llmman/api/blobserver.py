@@ -43,6 +43,7 @@ log = logging.getLogger("llmman.api")
 TTL_S = 60  # how long a signed URL may be used to start a transfer (a transfer under way goes on)
 MAX_CONNECTIONS = 64
 IO_TIMEOUT_S = 60.0  # a connection that moves nothing for this long is closed
+HEAD_TIMEOUT_S = 10.0  # the same while waiting for a request (the next one on a kept-alive connection too)
 HEAD_LIMIT = 16384  # request line plus headers
 TLS_BLOCK = 1 << 20
 API_HEADER = "Docker-Distribution-Api-Version: registry/2.0\r\n"
@@ -111,13 +112,18 @@ class BlobServer:
     def _connection(self, raw: socket.socket) -> None:
         sock: socket.socket = raw
         try:
-            sock.settimeout(IO_TIMEOUT_S)
+            sock.settimeout(HEAD_TIMEOUT_S)  # the TLS handshake included
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(raw, server_side=True)
             with sock.makefile("rb") as reader:
-                while (req := _Request.read(reader)) is not None and self._answer(sock, req):
-                    pass
+                while True:
+                    sock.settimeout(HEAD_TIMEOUT_S)  # an idle or slow client gives its slot back soon
+                    if (req := _Request.read(reader)) is None:
+                        break
+                    sock.settimeout(IO_TIMEOUT_S)
+                    if not self._answer(sock, req):
+                        break
         except (OSError, ValueError) as exc:
             log.debug("blob connection ended: %s", exc)
         finally:
