@@ -33,6 +33,7 @@ import argparse
 import functools
 import json
 import os
+import resource
 import shutil
 import ssl
 import statistics
@@ -77,6 +78,11 @@ http {{
 """
 
 
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _curl(url: str, out: str = "/dev/null", headers: dict[str, str] | None = None, cacert: str = ""
           ) -> tuple[float, int]:
     """One ``curl`` (following redirects); (seconds, bytes received)."""
@@ -100,6 +106,7 @@ class _Watch:
         self.url = d.url + "/api/version"
         self.ping = ping
         self.worst = 0.0
+        self.pings = 0
         self._stop = threading.Event()
 
     def _times(self) -> tuple[float, float]:
@@ -112,8 +119,12 @@ class _Watch:
         with httpx.Client(timeout=30, verify=self.verify) as c:
             while not self._stop.wait(0.01):
                 t0 = time.perf_counter()
-                c.get(self.url)
+                try:
+                    c.get(self.url)
+                except httpx.HTTPError as exc:
+                    print(f"GET /api/version failed: {exc!r}", file=sys.stderr)
                 self.worst = max(self.worst, time.perf_counter() - t0)
+                self.pings += 1
 
     def run(self, work: Callable[[], tuple[float, int]]) -> tuple[float, int, float, float, float]:
         """(seconds, bytes, loop CPU s, other CPU s, worst version latency s) of ``work``."""
@@ -204,15 +215,19 @@ def pulls(d: Daemon, node_manifest: dict[str, Any], model: Path, tmp: Path, roun
         push(src, ref, None, lambda _: None, options=options)
         descs = [*stored.manifest["layers"], stored.manifest["config"]]
         total = sum(int(x["size"]) for x in descs)
-        series: dict[str, list[float]] = {"llmman pull": [], "curl": [], "curl | tee | sha256sum": [],
-                                          "llmman copy from node": [], "curl -L from node": []}
+        series: dict[str, list[float]] = {"llmman pull": [], "curl": [], "curl, then sync FILE": [],
+                                          "curl | tee | sha256sum": [], "llmman copy from node": [],
+                                          "curl -L from node": []}
+        cpu: dict[str, list[float]] = {"llmman pull": [], "curl": []}  # CPU s per GB
 
         def pull(reference: str, total: int = total) -> float:
             dst = Store(tmp / "dst")
             os.sync()
-            t0 = time.perf_counter()
+            cpu0, t0 = _cpu(resource.RUSAGE_SELF), time.perf_counter()
             Puller(dst, options=options).pull(parse_reference(reference))
             seconds = time.perf_counter() - t0
+            if reference.startswith(reg.host):
+                cpu["llmman pull"].append((_cpu(resource.RUSAGE_SELF) - cpu0) / (total / 1e9))
             shutil.rmtree(dst.root)
             return total / seconds
 
@@ -223,21 +238,26 @@ def pulls(d: Daemon, node_manifest: dict[str, Any], model: Path, tmp: Path, roun
             out = tmp / "curl"
             out.mkdir()
             os.sync()
-            t0 = time.perf_counter()
+            cpu0, t0 = _cpu(resource.RUSAGE_CHILDREN), time.perf_counter()
             procs = [subprocess.Popen(["sh", "-c", shell.format(url=f"{base}/blobs/{x['digest']}",
                                                                 file=out / str(x["digest"]).split(":")[1],
                                                                 headers=headers)]) for x in descs]
             if any(p.wait() for p in procs):
                 raise RuntimeError(f"curl failed: {shell}")
             seconds = time.perf_counter() - t0
+            size = sum(int(x["size"]) for x in descs)
+            if shell.startswith("curl -sf -o"):
+                cpu["curl"].append((_cpu(resource.RUSAGE_CHILDREN) - cpu0) / (size / 1e9))
             shutil.rmtree(out)
-            return sum(int(x["size"]) for x in descs) / seconds
+            return size / seconds
 
         registry_base = f"http://{reg.host}/v2/{NAME.split(':')[0]}"
         node_base = f"{d.url}/v2/{NAME.split(':')[0]}"
         for i in range(rounds):
             series["llmman pull"].append(pull(f"{reg.host}/{NAME}"))
             series["curl"].append(curl_all(registry_base, "curl -sf -o {file} {url}"))
+            series["curl, then sync FILE"].append(curl_all(registry_base,
+                                                           "curl -sf -o {file} {url} && sync {file}"))
             series["curl | tee | sha256sum"].append(curl_all(
                 registry_base, "curl -sf {url} | tee {file} | sha256sum >/dev/null"))
             series["llmman copy from node"].append(pull(f"{node}/{NAME}", node_total))
@@ -247,9 +267,10 @@ def pulls(d: Daemon, node_manifest: dict[str, Any], model: Path, tmp: Path, roun
                   flush=True)
     finally:
         reg.stop()
-    base_of = {"llmman pull": "curl", "curl | tee | sha256sum": "curl",
+    base_of = {"llmman pull": "curl", "curl | tee | sha256sum": "curl", "curl, then sync FILE": "curl",
                "llmman copy from node": "curl -L from node"}
-    out: dict[str, object] = {"bytes": total}
+    out: dict[str, object] = {"bytes": total,
+                              "cpu_s_per_gb": {k: statistics.median(v) for k, v in cpu.items()}}
     for label, rates in series.items():
         row: dict[str, float] = {"best_mb_s": max(rates) / 1e6}
         if label in base_of:
@@ -325,9 +346,10 @@ def _print(result: dict[str, object]) -> None:
     if isinstance(pull_rows, dict):
         print(f"{'pulls':24}{'MB/s':>8}{'ratio':>8}{'median':>8}")
         for label, row in pull_rows.items():
-            if isinstance(row, dict):
+            if isinstance(row, dict) and "best_mb_s" in row:
                 ratio = f"{row['best_ratio']:>8.2f}{row['median_ratio']:>8.2f}" if "best_ratio" in row else ""
                 print(f"{label:24}{row['best_mb_s']:>8.0f}{ratio}")
+        print("CPU s/GB (median): " + ", ".join(f"{k} {v:.2f}" for k, v in pull_rows["cpu_s_per_gb"].items()))
 
 
 if __name__ == "__main__":
