@@ -197,3 +197,12 @@ def test_unload_stops_every_worker(pool: Pool) -> None:
     assert not [m for m in ps(pool.alpha) if m["name"] == GEMMA_REF]
     for lender in (pool.bravo, pool.charlie):
         wait_until(lambda d=lender: node(d)["rpc"]["reserved"] == 0, "the reservations to be freed")
+
+
+def test_the_daemon_exit_releases_its_workers(pool: Pool) -> None:
+    assert ask(pool.alpha, "/v1/chat/completions")
+    assert pool.rpc_workers() == 2
+    assert pool.alpha.stop(signal.SIGTERM) == 0  # its children stop, and it deletes its workers on the way
+    wait_until(lambda: pool.rpc_workers() == 0, "the lenders to stop alpha's workers", timeout=30)
+    for lender in (pool.bravo, pool.charlie):
+        assert not worker_ids(lender)
