@@ -69,9 +69,10 @@ def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bo
         loaded[snap.reference] = loaded.get(snap.reference, 0) + snap.memory
     capacity = scheduler.capacity
     queued = scheduler.queued()
+    rpc = lent(scheduler)
     return {
         "memory": capacity,
-        "free": max(0, capacity - sum(loaded.values()) - scheduler.reserved),
+        "free": max(0, capacity - sum(loaded.values()) - rpc["reserved"]),
         "loaded": loaded,
         "stored": dict(stored) if stored is not None else {m.reference: m.size for m in store.list()},
         "in_flight": sum(snap.refcount for snap in snaps) - queued,
@@ -87,8 +88,17 @@ def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bo
                    for ref, m in model_loads(snaps).items()},
         "devices": with_telemetry(device_document(scheduler.node_memory, snaps), scheduler.node_memory),
         "transfers": transfers or [],
-        "rpc": {"serve": scheduler.lends, "reserved": scheduler.reserved, "workers": scheduler.reservations},
+        "rpc": rpc,
     }
+
+
+def lent(scheduler: Scheduler) -> dict[str, Any]:
+    """The ``rpc`` part: whether this node lends workers, the bytes they hold and how many
+    (llmman.sched.scheduler.Scheduler's ``lends``, ``reserved`` and ``reservations``). A scheduler without
+    them (the router's test doubles) lends nothing."""
+    return {"serve": getattr(scheduler, "lends", False) is True,
+            "reserved": int(getattr(scheduler, "reserved", 0)),
+            "workers": int(getattr(scheduler, "reservations", 0))}
 
 
 def with_telemetry(devices: list[dict[str, Any]], node: NodeMemory | None) -> list[dict[str, Any]]:
