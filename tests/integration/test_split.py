@@ -4,7 +4,9 @@
 for models, less than Gemma's estimate at a 1024-token context (291 MB) but, together, enough; ``bravo``
 and ``charlie`` lend RPC workers (``rpc.serve``, a 6 s lease). Every node stores Gemma and SmolLM2 (which
 fits one node). The first Gemma request goes to ``alpha``, which runs llama-server with workers on the
-other two; every other node's requests reach it through a hop.
+other two; every other node's requests reach it through a hop. ``gemma3:wide`` is Gemma again under a
+preset of 8 slots of its whole trained context (32768 tokens): its KV cache alone is more than the three
+budgets together.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from tests.integration.test_rpc_workers import rpc_children
 pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(300)]
 
 GEMMA, GEMMA_REF = "gemma3:270m", "docker.io/ai/gemma3:270m"
+WIDE = "gemma3:wide"
+PRESETS = f'[models."{WIDE}"]\ncontext = 32768\nparallel = 8\n'
 HOP = {"x-llmman-hop": "1"}
 BASE = {"LLMMAN_CONTEXT_LENGTH": "1024", "LLMMAN_MEMORY": "260MB", "LLMMAN_RESTART_BACKOFF": "0.2"}
 LENDER = {"LLMMAN_RPC_SERVE": "1", "LLMMAN_RPC_LEASE": "6s"}
@@ -66,6 +70,10 @@ def pool(tmp_path_factory: pytest.TempPathFactory, model_file: Path, gemma: Path
             store = Store(tmp / "store")
             store.build(parse_reference(GEMMA), gemma)
             store.build(parse_reference(MODEL_NAME), model_file)
+            store.build(parse_reference(WIDE), gemma)
+            config = tmp / "home" / ".config" / "llmman" / "llmman.conf"
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text(PRESETS, encoding="utf-8")
             peers = ",".join(f"{h}:{p}" for j, (h, p) in enumerate(zip(hosts, ports, strict=True)) if j != i)
             env = BASE | {"LLMMAN_PEERS": peers, "LLMMAN_NODE_NAME": ("alpha", "bravo", "charlie")[i]}
             started.append(start_daemon(tmp, host=host, port=ports[i], extra_env=env | (LENDER if i else {})))
@@ -137,6 +145,34 @@ def test_a_model_that_fits_one_node_is_not_split(pool: Pool) -> None:
     assert "split" not in entry
     assert pool.rpc_workers() == 0
     unload(pool.alpha, MODEL_NAME)
+
+
+def test_a_pool_too_small_is_507_in_the_clients_dialect(pool: Pool) -> None:
+    say = [{"role": "user", "content": "Say hello"}]
+    # the wide preset (8 slots of 32768 tokens): 1.2 GB, more than the three 260 MB budgets together
+    r = httpx.post(pool.alpha.url + "/api/chat", json={"model": WIDE, "messages": say, "stream": False},
+                   timeout=60)
+    assert r.status_code == 507, r.text
+    message = r.json()["error"]
+    assert "more than any node has" in message and "lacks" in message, message
+    # through a hop (bravo forwards to, or is forwarded from, the others): OpenAI's shape
+    r = httpx.post(pool.bravo.url + "/v1/chat/completions", json={"model": WIDE, "messages": say}, timeout=60)
+    assert r.status_code == 507, r.text
+    error = r.json()["error"]
+    assert error["code"] == "insufficient_memory" and "lacks" in error["message"], error
+    # a request's own options too: Gemma at its whole context with 8192-token batches (880 MB), whose
+    # buffers alone are more than the node running llama-server has
+    big = {"num_ctx": 32768, "num_batch": 8192, "num_predict": 4}
+    r = httpx.post(pool.charlie.url + "/api/chat", json={"model": GEMMA, "messages": say, "stream": False,
+                                                          "options": big}, timeout=60)
+    assert r.status_code == 507, r.text
+    assert "keeps the embeddings and buffers" in r.json()["error"] and "lacks" in r.json()["error"]
+    for d in pool.all:  # nothing leased, nothing loaded
+        assert not worker_ids(d)
+        assert not [m for m in ps(d) if m["name"] == GEMMA_REF]
+    assert pool.rpc_workers() == 0
+    assert ask(pool.alpha, "/api/chat")  # the next request that fits the pool is split as usual
+    assert len(split_entry(pool.alpha)["split"]) == 3
 
 
 def test_split_answers_every_dialect_on_every_node(pool: Pool) -> None:

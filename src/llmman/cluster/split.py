@@ -239,9 +239,10 @@ def _plan(reference: str, costs: Costs, local: NodeView, peers: Sequence[NodeVie
     local_room = _room(local, whole, evict)
     if local_room < costs.head:
         raise LlmmanError(
-            f"model {reference} cannot be split from this node: it keeps the embeddings and buffers, "
-            f"{format_bytes(costs.head)}, but has {format_bytes(local_room)} for it, idle models unloaded",
-            status=507, code="insufficient_memory")
+            f"model {reference} needs {format_bytes(costs.total)}, more than any node has, and cannot be "
+            f"split from this node: it keeps the embeddings and buffers, {format_bytes(costs.head)}, but has "
+            f"{format_bytes(local_room)} for them, idle models unloaded: it lacks "
+            f"{format_bytes(costs.head - local_room)}", status=507, code="insufficient_memory")
     lenders = sorted((p for p in peers if p.lends and not p.draining and not p.is_local
                       and _room(p, whole, evict) > costs.compute),
                      key=lambda p: (-_room(p, whole, evict), p.name))
