@@ -1,7 +1,8 @@
 """Benchmark: the daemon's CPU per token relayed, one event per upstream read (issue 17, target 1).
 
 Usage: ``.venv/bin/python bench/bench_relay_cost.py [--quick] [--rounds N] [--conc 256] [--tokens N]
-[--token-delay S] [--paths openai,ollama,hop,direct] [--profile DIR] [--json OUT]`` (``make bench-relay``).
+[--token-delay S] [--paths openai,ollama,hop,direct] [--src DIR] [--against DIR] [--profile DIR]
+[--json OUT]`` (``make bench-relay``).
 No model and no llama-server are needed.
 
 Two real ``llmman serve`` daemons (own HOME, store and loopback address, ``tests/integration/daemons.py``):
@@ -29,7 +30,11 @@ plain ``read``/``write``) per token: about 1 read per token means one event per 
 The table shows medians over rounds after a warm-up round. Targets: <= 10 µs passthrough, <= 15 µs Ollama,
 <= 10 µs on the forwarding node. Timings are reported, never asserted; the exit status is non-zero only
 when a stream or the set-up failed. Results go to ``bench/results-relay-cost-<date>.json``
-(``-quick`` for ``--quick``); ``--src`` runs the daemons from another checkout (a before/after).
+(``-quick`` for ``--quick``). ``--src DIR`` runs the daemons from another checkout's ``src``;
+``--against DIR`` adds a second pair (side ``against``, on 127.0.0.4/5) from another checkout, each path's
+rounds of both sides interleaved in the same run: a before/after that the machine's other load hits
+alike. ``µs/read`` is the measured daemon's CPU per read system call, a figure that moves less with how
+many events a read happened to carry (a loaded machine makes the daemon lag, and its reads carry more).
 ``--profile DIR`` records py-spy (``.venv/bin/py-spy``) on the measured daemon during each path's rounds:
 folded stacks per path and round (``-f raw``; flamegraph.pl and speedscope read them).
 """
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -81,8 +87,10 @@ MEASURED = {"openai": "b", "ollama": "b", "hop": "a"}
 
 
 @contextmanager
-def daemons(tmp: Path, conc: int, delay: float, src: Path | None) -> Iterator[dict[str, Daemon]]:
-    """b (the fake as its child) and a (b as its only peer, nothing stored); stopped on exit."""
+def daemons(tmp: Path, conc: int, delay: float, src: Path | None,
+            hosts: tuple[str, str] = ("127.0.0.2", "127.0.0.3")) -> Iterator[dict[str, Daemon]]:
+    """b (the fake as its child) and a (b as its only peer, nothing stored), on ``hosts`` (a's, b's),
+    run from ``src`` (None: this checkout); stopped on exit."""
     started: dict[str, Daemon] = {}
     common = {"LLMMAN_NUM_PARALLEL": str(conc), "LLMMAN_KEEP_ALIVE": "-1",
               **({"PYTHONPATH": str(src.resolve())} if src is not None else {})}
@@ -91,12 +99,12 @@ def daemons(tmp: Path, conc: int, delay: float, src: Path | None) -> Iterator[di
         root.mkdir(parents=True)
         make_store(root, (MODEL,))
         (root / "bin").mkdir()
-        started["b"] = start_daemon(root, host="127.0.0.3", extra_env={
+        started["b"] = start_daemon(root, host=hosts[1], extra_env={
             **common, "LLMMAN_LLAMA_SERVER": str(make_launcher(root / "bin")), "LLMMAN_NODE_NAME": "bench-b",
             "FAKE_REPLY": REPLY, "FAKE_TOKEN_DELAY": str(delay)})
         root = tmp / "a"
         root.mkdir(parents=True)
-        started["a"] = start_daemon(root, host="127.0.0.2", extra_env={
+        started["a"] = start_daemon(root, host=hosts[0], extra_env={
             **common, "LLMMAN_NODE_NAME": "bench-a", "LLMMAN_PEERS": started["b"].url})
         yield started
     finally:
@@ -149,6 +157,12 @@ class Round(RoundResult):
         """``node``'s CPU microseconds per token relayed."""
         return self.spent[node].cpu_s / self.tokens * 1e6 if self.tokens else 0.0
 
+    def us_per_read(self, node: str) -> float:
+        """``node``'s CPU microseconds per read system call (a figure that does not move with how many
+        events each read happened to carry)."""
+        spent = self.spent[node]
+        return spent.cpu_s / spent.reads * 1e6 if spent.reads else 0.0
+
     def per_token(self, node: str, what: str) -> float:
         """``node``'s ``reads`` or ``writes`` per token."""
         return float(getattr(self.spent[node], what)) / self.tokens if self.tokens else 0.0
@@ -164,16 +178,26 @@ async def timed_round(session: aiohttp.ClientSession, ds: dict[str, Daemon], tar
 
 
 @dataclass
+class Side:
+    """One set of daemons (a and b) and the address of b's fake; ``label`` names it in the table."""
+
+    label: str
+    ds: dict[str, Daemon]
+    direct: str
+
+
+@dataclass
 class Cell:
-    """One path: its warm-up and measured rounds."""
+    """One path of one side: its warm-up and measured rounds."""
 
     path: str
+    side: str = "this"
     rounds: list[Round] = field(default_factory=list)
     warmup: Round | None = None
 
     def summary(self) -> dict[str, Any]:
         """Medians over the measured rounds."""
-        out: dict[str, Any] = {"path": self.path, "rounds": len(self.rounds),
+        out: dict[str, Any] = {"path": self.path, "side": self.side, "rounds": len(self.rounds),
                                "tps": statistics.median(r.tps for r in self.rounds),
                                "tokens_per_round": statistics.median(r.tokens for r in self.rounds),
                                "ttft_ms": statistics.median(r.ttft_ms for r in self.rounds),
@@ -187,6 +211,8 @@ class Cell:
         measured = MEASURED.get(self.path)
         out["measured"] = measured
         out["us_per_token"] = out[f"{measured}_us_per_token"] if measured else None
+        out["us_per_read"] = statistics.median(r.us_per_read(measured) for r in self.rounds) if measured \
+            else None
         out["target_us"] = TARGETS_US.get(self.path)
         return out
 
@@ -205,6 +231,20 @@ def wait_for_hop(a: str, timeout: float = 60.0) -> None:
         time.sleep(0.2)  # polling a condition with a deadline (a's view of b)
 
 
+def prepared(label: str, ds: dict[str, Daemon]) -> Side:
+    """``ds`` with the model loaded on b and a forwarding to it, as a :class:`Side`.
+
+    Raises:
+        BenchError: the load failed or a does not forward.
+    """
+    warm = httpx.post(ds["b"].url + "/api/generate", json={"model": MODEL, "keep_alive": -1}, timeout=120)
+    if warm.status_code != 200:
+        raise BenchError(f"loading {MODEL} on b: HTTP {warm.status_code} {warm.text[:300]}")
+    wait_for_hop(ds["a"].url)
+    _, port = child_port(ds["b"])
+    return Side(label, ds, f"http://127.0.0.1:{port}")
+
+
 def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
     """``py-spy record`` on ``pid`` into ``out`` (folded stacks), or None without py-spy."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -216,50 +256,60 @@ def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def measure(ds: dict[str, Daemon], direct: str, paths: Sequence[str], conc: int, rounds: int,
-                  tokens: int, profile: Path | None) -> list[Cell]:
-    """A warm-up round of every path, then ``rounds`` rounds of each, the order rotating."""
-    per_path = targets(ds["a"].url, ds["b"].url, direct, tokens)
-    cells = {p: Cell(p) for p in paths}
+async def measure(sides: Sequence[Side], paths: Sequence[str], conc: int, rounds: int, tokens: int,
+                  profile: Path | None) -> list[Cell]:
+    """A warm-up round of every path of every side, then ``rounds`` rounds of each, the order rotating
+    (so the sides' rounds of a path interleave: a slow phase of the machine hits both)."""
+    per_side = {side.label: targets(side.ds["a"].url, side.ds["b"].url, side.direct, tokens)
+                for side in sides}
+    by_label = {side.label: side for side in sides}
+    runs = [(side.label, p) for p in paths for side in sides if p != "direct" or side is sides[0]]
+    cells = {run: Cell(run[1], run[0]) for run in runs}
     # A new loopback connection per request, as clients of llmman mostly do (and as bench_proxy.py).
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=900)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         for i in range(rounds + 1):
-            order = list(paths[i % len(paths):]) + list(paths[:i % len(paths)])
-            for path in order:
+            order = runs[i % len(runs):] + runs[:i % len(runs)]
+            for label, path in order:
+                ds = by_label[label].ds
                 node = MEASURED.get(path, "b")
-                spy = start_profiler(ds[node].process.pid, profile / f"{path}-{i}.folded") \
+                spy = start_profiler(ds[node].process.pid, profile / f"{path}-{label}-{i}.folded") \
                     if profile is not None and i > 0 else None
-                got = await timed_round(session, ds, per_path[path], conc)
+                got = await timed_round(session, ds, per_side[label][path], conc)
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)
                     spy.wait(60)
                 if i == 0:
-                    cells[path].warmup = got
+                    cells[label, path].warmup = got
                     continue
-                cells[path].rounds.append(got)
-                print(f"  round {i} {path:<7} {got.tps:9.0f} tok/s  a {got.us_per_token('a'):6.1f} µs/tok  "
+                cells[label, path].rounds.append(got)
+                print(f"  round {i} {path:<7}{label:>8} {got.tps:9.0f} tok/s  "
+                      f"a {got.us_per_token('a'):6.1f} µs/tok  "
                       f"b {got.us_per_token('b'):6.1f} µs/tok  reads/tok a {got.per_token('a', 'reads'):.2f} "
                       f"b {got.per_token('b', 'reads'):.2f}"
                       f"{f'  errors {got.errors}' if got.errors else ''}", flush=True)
-    return [cells[p] for p in paths]
+    return [cells[run] for run in runs]
 
 
 def print_table(summaries: Sequence[dict[str, Any]]) -> None:
     """The result table (medians over rounds)."""
-    head = (f"{'path':<8}{'tok/s':>10}{'µs/tok':>9}{'target':>8}{'a µs/tok':>10}{'b µs/tok':>10}"
+    head = (f"{'path':<8}{'side':>8}{'tok/s':>10}{'µs/tok':>9}{'target':>8}{'µs/read':>9}{'a µs/tok':>10}"
+            f"{'b µs/tok':>10}"
             f"{'a rd/tok':>10}{'b rd/tok':>10}{'a wr/tok':>10}{'b wr/tok':>10}{'TTFT ms':>9}{'errors':>8}")
     print(head)
     print("-" * len(head))
     for s in summaries:
         us = f"{s['us_per_token']:.1f}" if s["us_per_token"] is not None else "-"
         target = f"<={s['target_us']:g}" if s["target_us"] is not None else "-"
-        print(f"{s['path']:<8}{s['tps']:>10.0f}{us:>9}{target:>8}{s['a_us_per_token']:>10.1f}"
+        per_read = f"{s['us_per_read']:.1f}" if s["us_per_read"] is not None else "-"
+        print(f"{s['path']:<8}{s['side']:>8}{s['tps']:>10.0f}{us:>9}{target:>8}{per_read:>9}"
+              f"{s['a_us_per_token']:>10.1f}"
               f"{s['b_us_per_token']:>10.1f}{s['a_reads_per_token']:>10.2f}{s['b_reads_per_token']:>10.2f}"
               f"{s['a_writes_per_token']:>10.2f}{s['b_writes_per_token']:>10.2f}{s['ttft_ms']:>9.1f}"
               f"{s['errors']:>8}")
-    print("µs/tok: the measured daemon's CPU per token (openai, ollama: b; hop: a, the forwarding node)")
+    print("µs/tok: the measured daemon's CPU per token (openai, ollama: b; hop: a, the forwarding node); "
+          "µs/read: the same per read system call")
 
 
 def detail(r: Round) -> dict[str, Any]:
@@ -282,6 +332,9 @@ def main() -> int:
     parser.add_argument("--src", type=Path,
                         help="run the daemons from this checkout's src/ (PYTHONPATH), e.g. a worktree of the "
                              "commit before a change, for a before/after on the same machine")
+    parser.add_argument("--against", type=Path,
+                        help="a second pair of daemons from this checkout's src/, measured in the same "
+                             "rounds (each path's rounds of both interleaved): a before/after in one run")
     parser.add_argument("--profile", type=Path,
                         help="a directory for py-spy folded stacks, one file per path and round")
     parser.add_argument("--json", type=Path, help="where to write the results")
@@ -297,31 +350,31 @@ def main() -> int:
     out_path = args.json or REPO / "bench" / f"results-relay-cost-{today}{'-quick' * args.quick}.json"
     doc: dict[str, Any] = {"date": today, "commit": commit(), "cpus": os.cpu_count(), "rounds": rounds,
                            "conc": args.conc, "tokens": tokens, "token_delay_s": args.token_delay,
-                           "paths": paths, "src": str(args.src or REPO / "src"), "targets_us": TARGETS_US,
+                           "paths": paths, "src": str(args.src or REPO / "src"),
+                           "against": str(args.against) if args.against else None, "targets_us": TARGETS_US,
                            "load_average_before": os.getloadavg()}
     failed = False
-    with tempfile.TemporaryDirectory(prefix="llmman-bench-relay-") as name, \
-            daemons(Path(name), args.conc, args.token_delay, args.src) as ds:
+    with tempfile.TemporaryDirectory(prefix="llmman-bench-relay-") as name, contextlib.ExitStack() as stack:
         try:
-            warm = httpx.post(ds["b"].url + "/api/generate", json={"model": MODEL, "keep_alive": -1},
-                              timeout=120)
-            if warm.status_code != 200:
-                raise BenchError(f"loading {MODEL} on b: HTTP {warm.status_code} {warm.text[:300]}")
-            wait_for_hop(ds["a"].url)
-            _, port = child_port(ds["b"])
-            direct = f"http://127.0.0.1:{port}"
-            print(f"a {ds['a'].url} -> b {ds['b'].url} -> fake {direct}; {args.conc} streams of {tokens} "
-                  "tokens, "
-                  f"fake delay {args.token_delay:g} s; a warm-up and {rounds} round(s) per path; "
-                  f"{os.cpu_count()} CPUs", flush=True)
-            cells = asyncio.run(measure(ds, direct, paths, args.conc, rounds, tokens, args.profile))
-            if "hop" in paths and ds["a"].children():
+            sides = [prepared("this", stack.enter_context(daemons(Path(name) / "this", args.conc,
+                                                                  args.token_delay, args.src)))]
+            if args.against is not None:
+                sides.append(prepared("against", stack.enter_context(daemons(
+                    Path(name) / "against", args.conc, args.token_delay, args.against,
+                    hosts=("127.0.0.4", "127.0.0.5")))))
+            chains = ", ".join(f"{s.label}: {s.ds['a'].url} -> {s.ds['b'].url} -> {s.direct}" for s in sides)
+            print(f"{chains}; {args.conc} streams of {tokens} tokens, fake delay "
+                  f"{args.token_delay:g} s; a warm-up and {rounds} round(s) per path; {os.cpu_count()} CPUs",
+                  flush=True)
+            cells = asyncio.run(measure(sides, paths, args.conc, rounds, tokens, args.profile))
+            if "hop" in paths and any(side.ds["a"].children() for side in sides):
                 raise BenchError("a started a llama-server of its own: the requests did not hop")
             summaries = [c.summary() for c in cells]
             print()
             print_table(summaries)
             doc["summary"] = summaries
-            doc["rounds_detail"] = [{"path": c.path, "warmup": detail(c.warmup) if c.warmup else None,
+            doc["rounds_detail"] = [{"path": c.path, "side": c.side,
+                                     "warmup": detail(c.warmup) if c.warmup else None,
                                      "rounds": [detail(r) for r in c.rounds]} for c in cells]
             errors = sum(s["errors"] + s["errors_warmup"] for s in summaries)
             if errors:
