@@ -17,7 +17,7 @@ from tests.fakes.runner import StubRunner
 from tests.unit.test_rpc_worker import gone, rpc_binary
 
 from llmman.errors import LlmmanError
-from llmman.sched.lending import Lending, LendingOptions, RpcDisabled, WorkerGone
+from llmman.sched.lending import Lending, LendingOptions, RpcDisabled, WorkerGone, prune_logs
 from llmman.sched.scheduler import ModelPlan, Runner, Scheduler
 
 
@@ -207,3 +207,28 @@ async def test_close_stops_every_worker(tmp_path: Path) -> None:
     with pytest.raises(LlmmanError) as caught:
         await node.lending.lend("o", "m", 100)
     assert caught.value.status == 503
+
+
+def test_old_worker_logs_are_pruned(tmp_path: Path) -> None:
+    for i in range(5):
+        (tmp_path / f"rpc-w{i}.log").write_text("x")
+        os.utime(tmp_path / f"rpc-w{i}.log", (1000 + i, 1000 + i))
+    (tmp_path / "rpc-w0.log.1").write_text("rotated")
+    (tmp_path / "docker.io_ai_a_1.log").write_text("a model's log")
+    prune_logs(tmp_path, live={"w0"}, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "docker.io_ai_a_1.log", "rpc-w0.log", "rpc-w0.log.1", "rpc-w3.log", "rpc-w4.log"]
+    prune_logs(tmp_path / "missing", live=set())  # no directory: nothing to do, no error
+
+
+async def test_a_lend_prunes_the_logs_of_ended_workers(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    try:
+        for _ in range(3):
+            lent = await node.lending.lend("o", "m", 100)
+            await node.lending.stop(lent.id)
+        live = await node.lending.lend("o", "m", 100)
+        logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+        assert f"rpc-{live.id}.log" in logs and len(logs) == 4  # within LOGS_KEPT: all kept
+    finally:
+        await node.close()

@@ -9,7 +9,8 @@ A peer that splits a model too large for any one node (docs/split.md) asks this 
    idle models are unloaded to make room as for a load, busy ones never; 507 when it cannot), so nothing
    else is admitted into it;
 3. starts the worker (llmman.runner.rpc_worker.RpcWorker) on ``rpc.bind`` (else the host of
-   ``server.host``) and a free port, and answers once the port accepts.
+   ``server.host``) and a free port, and answers once the port accepts. Its log is
+   ``<logs_dir>/rpc-<id>.log``; those of the :data:`LOGS_KEPT` workers that ended last are kept.
 
 Each worker holds a lease of ``rpc.lease`` seconds that its owner renews (:meth:`Lending.renew`, every
 third of it); one not renewed in time is stopped and its memory given back. So is a worker stopped by
@@ -43,6 +44,25 @@ log = logging.getLogger("llmman.sched.lending")
 
 WILDCARDS = frozenset({"", "0.0.0.0", "::"})  # bind hosts a peer cannot connect to as such
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL for a worker
+LOGS_KEPT = 16  # logs of workers no longer running kept (rpc-<id>.log and its rotations), newest first
+
+
+def prune_logs(logs_dir: Path, live: set[str], keep: int = LOGS_KEPT) -> None:
+    """Delete the ``rpc-<id>.log`` files (and their rotated ``.N`` files) of workers not in ``live`` beyond
+    the ``keep`` newest: each worker has its own id, so without this every split would leave a file."""
+    try:
+        files = [p for p in logs_dir.glob("rpc-*.log*") if p.is_file()]
+        ids: dict[str, float] = {}
+        for p in files:
+            worker_id = p.name.removeprefix("rpc-").split(".log", 1)[0]
+            if worker_id not in live:
+                ids[worker_id] = max(ids.get(worker_id, 0.0), p.stat().st_mtime)
+        old = set(sorted(ids, key=lambda i: ids[i], reverse=True)[keep:])
+        for p in files:
+            if p.name.removeprefix("rpc-").split(".log", 1)[0] in old:
+                p.unlink(missing_ok=True)
+    except OSError as exc:  # a log directory that cannot be read or cleaned never stops a lend
+        log.debug("cannot prune the RPC workers' logs in %s: %s", logs_dir, exc)
 
 
 class WorkerGone(NotFound):
@@ -161,6 +181,7 @@ class Lending:
             raise LlmmanError("this node is draining: it lends no new RPC workers", status=503,
                               code="draining")
         binary = self._find_binary()
+        prune_logs(self.options.logs_dir, set(self._workers))
         await self._scheduler.reserve(memory)
         worker_id = secrets.token_hex(8)
         worker = RpcWorker(binary, host=self.options.bind or "127.0.0.1", threads=self.options.threads,
