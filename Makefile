@@ -1,5 +1,5 @@
 # The two commands of the README. Each does all of its own set-up (scripts/setup.sh) and is idempotent.
-.PHONY: serve test lint unit bench bench-pool bench-obs bench-scale setup setup-test setup-venv bench-gpu
+.PHONY: serve test lint unit bench bench-pool bench-obs bench-scale setup setup-test setup-venv bench-gpu bench-transfer
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -51,6 +51,10 @@ bench-obs: setup-venv
 # How far the leaderless pool goes: 8, 16 and 32 daemons in network namespaces (root; docs/scaling.md).
 bench-scale: setup-venv
 	$(BIN)/python bench/bench_scale.py
+
+# /v2/ blob copies against nginx and pulls against curl (needs nginx: apt-get install nginx-light).
+bench-transfer: setup-venv
+	$(BIN)/python bench/bench_transfer.py --rounds 5 --tls
 
 # The proxy benchmark on an NVIDIA GPU at 1, 16 and 256 streams (builds a CUDA llama-server; bench/README.md).
 bench-gpu:

@@ -207,3 +207,33 @@ def test_tls_daemon_serves_blobs_over_tls_and_keys_stay_required(tmp_path: Path,
             in d.log_text()
     finally:
         d.stop(signal.SIGTERM)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def test_server_blob_port_fixes_the_port_or_turns_the_server_off(tmp_path: Path, model_file: Path) -> None:
+    """``server.blob_port``: a fixed port (to allow through a firewall) is the one the redirect names; one
+    that is taken, and ``-1``, answer inline from the main port."""
+    digest, size = _store(tmp_path, model_file)
+    fixed = _free_port("127.0.0.45")
+    for blob_port, redirected in ((str(fixed), True), ("-1", False), (str(fixed), False)):
+        taken = socket.create_server(("127.0.0.45", fixed)) if blob_port != "-1" and not redirected else None
+        d = start_daemon(tmp_path / blob_port.replace("-", "off") / str(redirected), host="127.0.0.45",
+                         extra_env={"LLMMAN_MODELS": str(tmp_path / "store"), "LLMMAN_BLOB_PORT": blob_port})
+        try:
+            url = f"{d.url}/v2/ai/smollm2/blobs/{digest}"
+            r = httpx.get(url, headers=ASK, follow_redirects=False, timeout=60)
+            if redirected:
+                assert r.status_code == 307, r.text
+                assert urlsplit(r.headers["location"]).port == fixed
+                r = httpx.get(url, headers=ASK, follow_redirects=True, timeout=60)
+            assert r.status_code == 200, (blob_port, r.status_code, r.headers)
+            assert len(r.content) == size and _sha(r.content) == digest
+        finally:
+            d.stop(signal.SIGTERM)
+            if taken is not None:
+                taken.close()

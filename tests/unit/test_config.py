@@ -179,6 +179,7 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_RPC_BIND": "10.0.0.5",
         "LLMMAN_RPC_CACHE": "false",
         "LLMMAN_RPC_LEASE": "10s",
+        "LLMMAN_BLOB_PORT": "17435",
     }
     s = load(files, env)
     assert s.host == HostAddress("https", "example.com", 443)
@@ -203,6 +204,7 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
     assert (s.scrape_key, s.collect) == ("scrape", False)
     assert s.scan_dirs == ("~/.ollama/models", "/srv/gguf")
     assert (s.serve, s.bind, s.cache, s.lease) == (True, "10.0.0.5", False, 10.0)
+    assert s.blob_port == 17435
     assert {origin for key, origin in s.origins.items()} == {f"env {spec.env}" for spec in SETTINGS}
 
 

@@ -59,11 +59,11 @@ class BlobServer:
         tls: the server context when the daemon serves TLS, else None.
     """
 
-    def __init__(self, store: Store, host: str, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, store: Store, host: str, tls: ssl.SSLContext | None = None, port: int = 0) -> None:
         self.store, self.tls = store, tls
         self._key = secrets.token_bytes(32)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.create_server((host, 0), family=family, backlog=128,
+        self._listener = socket.create_server((host, port), family=family, backlog=128,
                                               dualstack_ipv6=host == "::" and socket.has_dualstack_ipv6())
         self.port: int = self._listener.getsockname()[1]
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -247,8 +247,8 @@ _servers: weakref.WeakKeyDictionary[object, BlobServer] = weakref.WeakKeyDiction
 _guard = threading.Lock()
 
 
-def blob_server(owner: object, store: Store, host: str, cert_file: str = "", key_file: str = ""
-                ) -> BlobServer:
+def blob_server(owner: object, store: Store, host: str, cert_file: str = "", key_file: str = "",
+                port: int = 0) -> BlobServer:
     """The blob server of ``owner`` (the app: one per daemon), started on the first call (with TLS when
     ``cert_file`` is given: the daemon's own certificate) and closed when ``owner`` is collected or
     :func:`close_blob_server` is called."""
@@ -256,7 +256,7 @@ def blob_server(owner: object, store: Store, host: str, cert_file: str = "", key
         server = _servers.get(owner)
         if server is None:
             tls = server_context(cert_file, key_file) if cert_file else None
-            server = _servers[owner] = BlobServer(store, host, tls)
+            server = _servers[owner] = BlobServer(store, host, tls, port)
             weakref.finalize(owner, server.close)
         return server
 

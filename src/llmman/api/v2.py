@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from urllib.parse import urlencode
 
 from starlette.requests import Request
@@ -38,6 +39,7 @@ from llmman.store import StoredModel
 from llmman.store.model import descriptor_digests
 
 API_HEADER = {"Docker-Distribution-Api-Version": "registry/2.0"}
+log = logging.getLogger(__name__)
 REDIRECT_MIN = 8 << 20  # bytes to send from which a blob GET that asks for it is redirected
 
 
@@ -176,7 +178,11 @@ async def _blob(request: Request, services: Services, name: str, digest: str) ->
                             f"for {size} bytes"}]}
         return JSONResponse(body, status_code=416, headers={**headers, "Content-Range": f"bytes */{size}"})
     if _redirects(request, decision, size):
-        return _redirect(request, services, digest, headers)
+        try:
+            return _redirect(request, services, digest, headers)
+        except OSError as exc:  # server.blob_port taken, say: the blob goes inline, as without the server
+            log.warning("blob server unavailable (server.blob_port %d): %s; serving %s inline",
+                        services.settings.blob_port, exc, digest)
     return _BlobFile(path, media_type="application/octet-stream", headers=headers,
                      range_value=decision.header())
 
@@ -188,6 +194,8 @@ def _redirects(request: Request, decision: RangeDecision, size: int) -> bool:
     and there are at least :data:`REDIRECT_MIN` bytes to send (below that the extra round trip costs more
     than the event loop's copy)."""
     if request.method != "GET" or request.headers.get(BLOB_REDIRECT) != "1" or not _reached_directly(request):
+        return False
+    if request.app.state.services.settings.blob_port < 0:  # server.blob_port = -1: off, always inline
         return False
     if decision.ranges is None:
         return size >= REDIRECT_MIN
@@ -211,7 +219,7 @@ def _redirect(request: Request, services: Services, digest: str, headers: dict[s
     """``307`` to a signed URL of this daemon's blob server, on the host the client reached us by."""
     settings = services.settings
     server = blob_server(request.app, services.store, settings.host.bind_host, settings.cert_file,
-                         settings.key_file)
+                         settings.key_file, settings.blob_port)
     host = request.url.hostname or settings.host.host
     host = f"[{host}]" if ":" in host else host
     scheme = "https" if server.tls is not None else "http"

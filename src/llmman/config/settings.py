@@ -120,6 +120,7 @@ class Settings:
     key_file: str = ""
     ca_file: str = ""
     health_interval: float = 10.0
+    blob_port: int = 0
     restart_backoff: float = 1.0
     insecure_registries: tuple[str, ...] = ()
     auth_file: Path = Path("auth.json")
