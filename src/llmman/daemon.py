@@ -26,7 +26,6 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -38,7 +37,7 @@ from llmman.api.services import Services
 from llmman.cluster.discovery import Discovery, DnsLookup, ServerNames
 from llmman.cluster.peers import Peers, parse_entries
 from llmman.cluster.source import NODE_ID
-from llmman.cluster.split_runner import SplitRunner
+from llmman.cluster.split_runner import SplitRunner, child_spec
 from llmman.config.model_dirs import ModelDirs
 from llmman.config.presets import device_env
 from llmman.config.settings import Settings
@@ -236,8 +235,7 @@ def make_launcher(settings: Settings, binary: str, environ: dict[str, str]) -> L
             if split.workers is None or split.workers.spent:
                 raise RunnerError(f"the RPC workers of {plan.reference}'s split are gone; it is planned "
                                   "again on the next request")
-            spec = replace(spec, rpc=split.endpoints, n_gpu_layers=split.n_gpu_layers,
-                           tensor_split=tuple(float(p) for p in split.tensor_split))
+            spec = child_spec(spec, plan)  # --rpc, -ngl, -ts over the workers (and this node's GPUs)
             wrapper = SplitRunner(split.workers, on_exit)
         process = LlamaServerProcess(
             binary,

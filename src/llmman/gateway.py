@@ -25,7 +25,7 @@ from llmman.cluster.lenders import lease_workers
 from llmman.cluster.peers import Peers, local_view
 from llmman.cluster.placement import NodeView
 from llmman.cluster.source import NODE_ID
-from llmman.cluster.split import ALWAYS, NEVER, costs_of, needs_split, plan_split
+from llmman.cluster.split import ALWAYS, NEVER, costs_of, needs_split, on_gpus, plan_split
 from llmman.config.presets import Preset, by_reference
 from llmman.errors import BadRequest, LlmmanError, ModelNotFound, NotFound, RunnerError
 from llmman.protocol.llama_routes import reranks
@@ -35,7 +35,7 @@ from llmman.registry.puller import Puller
 from llmman.runner.argv import LoadOptions, load_args
 from llmman.sched.devices import per_device
 from llmman.sched.memory import N_UBATCH, estimate
-from llmman.sched.plan import Split
+from llmman.sched.plan import Split, outgrown
 from llmman.sched.scheduler import Lease, ModelPlan, Runner, Scheduler
 from llmman.store import Store, StoredModel
 
@@ -373,26 +373,56 @@ class Gateway:
         """``plan``, or the split of it when the model is to be split (llmman.cluster.split.needs_split): the
         split already running or loading, else a new one planned over the pool's views
         (llmman.cluster.peers.Peers.current) with its workers leased (llmman.cluster.lenders). A model that
-        fits this node's capacity is never split, so the common case asks the peers nothing."""
+        fits this node's capacity is never split, so the common case asks the peers nothing.
+
+        A loaded split serves a request as the scheduler's loaded child would (a context at least as
+        large, the same load options); one the request outgrew (llmman.sched.plan.outgrown) is, when idle,
+        unloaded (its workers released) and planned again for this request, with new workers; while busy
+        it serves the request at its own context, as a busy unsplit child does. Requests arriving while
+        a split is planned (or planned again) wait for that plan."""
         wanted = preset.split if preset is not None else None
+        lock = self._planning.setdefault(plan.key, asyncio.Lock())
         live = self._live(plan.key)
-        if live is not None:
+        if live is not None and not lock.locked() and not self._replans(live, plan):
             return live
         if self.peers is None or not self.peers or wanted == NEVER:
             return plan
         capacity = self.scheduler.capacity
         if wanted != ALWAYS and (not capacity or plan.estimate <= capacity):
-            return plan
-        lock = self._planning.setdefault(plan.key, asyncio.Lock())
+            return plan  # a split it outgrew is unloaded for it by the scheduler (Scheduler.acquire)
         async with lock:
             live = self._live(plan.key)
             if live is not None:
-                return live
+                if not self._replans(live, plan):
+                    return live
+                await self._retire(live)
             local = local_view(self.scheduler, self.store)
-            peers = await self.peers.current()
+            peers = await self.peers.current(probe=live is not None)  # the freed workers, not old views
             if not needs_split(plan.estimate, [local, *peers], wanted):
                 return plan
             return await self._plan_split(model, plan, local, peers)
+
+    def _replans(self, live: ModelPlan, plan: ModelPlan) -> bool:
+        """True when the loaded split ``live`` is idle and ``plan`` outgrew it (llmman.sched.plan.outgrown),
+        as the scheduler reloads an idle child (Scheduler.acquire); a split loading or busy serves it."""
+        if not outgrown(live, plan):
+            return False
+        for snap in self.scheduler.snapshot():
+            if (snap.reference + "#embedding" if snap.embedding else snap.reference) == live.key:
+                return snap.ready and snap.refcount == 0 and not snap.draining
+        return False
+
+    async def _retire(self, live: ModelPlan) -> None:
+        """Unload the split child of ``live`` and wait until it has left the table, its workers released
+        (its lenders' reservations freed), so that the new plan counts that memory as room."""
+        log.info("%s is asked with a larger context or other load options than its split was planned with: "
+                 "planning it again", live.reference)
+        await self.scheduler.unload(live.key)
+        workers = live.split.workers if live.split is not None else None
+        # An idle child is stopped (and its workers deleted) before unload returns; one a request joined
+        # meanwhile drains first. The scheduler has no event for its exit here; poll it.
+        while self._in_table(live.key) or (workers is not None and not workers.spent):  # noqa: ASYNC110
+            await asyncio.sleep(0.25)
 
     async def _release_unused(self, plan: ModelPlan) -> None:
         """Release ``plan``'s workers once its load has settled without a child running on them: a load
@@ -427,7 +457,9 @@ class Gateway:
         if plan.load.batch and not plan.embedding:
             batch = min(plan.load.batch, plan.n_ctx * plan.n_parallel)
         costs = costs_of(info, n_ctx=plan.n_ctx, n_parallel=plan.n_parallel, n_ubatch=batch)
-        split = plan_split(plan.reference, costs, local, peers)
+        # this node's share on its GPUs when it has some (after the workers, llama.cpp's device order)
+        gpus = on_gpus(self.scheduler.node_memory, plan.n_gpu_layers)
+        split = plan_split(plan.reference, costs, local, peers, gpus=gpus)
         if not split.workers:
             return plan
         assert self.peers is not None
@@ -444,9 +476,10 @@ class Gateway:
                                      model=plan.reference, ended=ended)
         split_fields = Split(leases.endpoints, split.n_gpu_layers, split.tensor_split,
                              tuple((s.node, s.memory) for s in split.shares),
-                             workers=leases)
+                             workers=leases, local_slots=split.local_slots)
         where = zip(split.workers, leases.endpoints, strict=True)
-        log.info("splitting %s: this node %d layer(s), %s", plan.reference, split.local.layers,
+        log.info("splitting %s: this node %d layer(s) on its %s, %s", plan.reference, split.local.layers,
+                 "GPUs" if gpus else "CPU",
                  ", ".join(f"{w.node} {w.layers} layer(s) at {e}" for w, e in where))
         planned = replace(plan, estimate=split.local.memory, split=split_fields)
         self._splits[key] = planned

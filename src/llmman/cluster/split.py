@@ -12,7 +12,15 @@ cache lives where the layer does. So a model's memory is read as:
   layer makes to llmman.sched.memory.estimate, so sliding-window layers count their smaller cache);
 - **per worker**: one compute buffer (llama.cpp allocates one on every backend the graph uses).
 
-:func:`needs_split` is the trigger; :func:`plan_split` the shares. Both read nodes as placement does
+On a node with GPUs (:func:`on_gpus`) this node's share goes on them instead of its CPU: llama.cpp lists
+the RPC devices first and the local GPUs after them (src/llama.cpp, "add RPC servers at the front of the
+list"), and gives offloaded layer ``il`` to the first device whose cumulative ``--tensor-split`` part
+exceeds ``il / (n_layer + 1)`` (src/llama-model.cpp), so with every layer offloaded the workers take the
+first layers, in ``--rpc`` order, and this node's GPUs the last ones and the output layer; the input
+embedding stays on this node's CPU whatever the flags (llama.cpp never offloads the input layer).
+
+:func:`needs_split` is the trigger; :func:`plan_split` the shares; :func:`device_split` the whole
+``--tensor-split`` of a child on this node's GPUs. They read nodes as placement does
 (llmman.cluster.placement.NodeView).
 """
 
@@ -27,12 +35,17 @@ from llmman.cluster.placement import LOCAL, NodeView
 from llmman.errors import LlmmanError
 from llmman.gguf import GGUFInfo
 from llmman.gguf.types import GGML_TYPES
+from llmman.sched.devices import Placement
+from llmman.sched.gpu import NodeMemory
 from llmman.sched.memory import N_UBATCH, estimate
 from llmman.sizes import format_bytes
 
-__all__ = ["ALWAYS", "AUTO", "NEVER", "Costs", "Share", "SplitPlan", "costs_of", "needs_split", "plan_split"]
+__all__ = ["ALWAYS", "AUTO", "NEVER", "Costs", "Share", "SplitPlan", "costs_of", "device_split",
+           "local_parts", "needs_split", "on_gpus", "plan_split"]
 
 AUTO, ALWAYS, NEVER = "auto", "always", "never"
+LOCAL_GPUS = frozenset({"cuda", "rocm", "metal"})
+"""Accelerators whose devices llama.cpp lists after the RPC devices and offloads layers to."""
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
@@ -78,28 +91,42 @@ class Share:
 
 @dataclass(frozen=True)
 class SplitPlan:
-    """Where a split model's layers go: this node keeps the first ``local.layers``, the workers the rest
-    in their order (``--rpc`` order, RPC0 first)."""
+    """Where a split model's layers go. On this node's CPU (``gpus`` False) this node keeps the first
+    ``local.layers`` and the workers the rest in their order (``--rpc`` order, RPC0 first); on this node's
+    GPUs (``gpus``) the workers take the first layers in their order and this node the last ones."""
 
     local: Share
     workers: tuple[Share, ...]
+    gpus: bool = False
 
     @property
     def n_gpu_layers(self) -> int:
-        """``-ngl``: the workers' layers plus one. llama.cpp offloads the last ``ngl`` of ``n_layer + 1``
-        layers, the output layer being the last one; llmman keeps the output tensor on this node
-        (llmman.runner.argv.KEEP_LOCAL), so that slot holds no weights."""
-        return sum(w.layers for w in self.workers) + 1 if self.workers else 0
+        """``-ngl``. On this node's CPU: the workers' layers plus one (llama.cpp offloads the last ``ngl``
+        of ``n_layer + 1`` layers, the output layer being the last one; llmman keeps the output tensor on
+        this node, llmman.runner.argv.KEEP_LOCAL, so that slot holds no weights). On its GPUs: every layer
+        and the output layer."""
+        if not self.workers:
+            return 0
+        if self.gpus:
+            return self.local.layers + sum(w.layers for w in self.workers) + 1
+        return sum(w.layers for w in self.workers) + 1
 
     @property
     def tensor_split(self) -> tuple[int, ...]:
-        """``--tensor-split``: each worker's layer count in ``--rpc`` order, the last one's plus the output
-        slot (llama.cpp gives device d the offloaded layers whose position falls in its cumulative part,
-        so these proportions put exactly those layers on each worker)."""
+        """The workers' ``--tensor-split`` parts: each worker's layer count in ``--rpc`` order, on this
+        node's CPU the last one's plus the output slot (llama.cpp gives device d the offloaded layers whose
+        position falls in its cumulative part, so these proportions put exactly those layers on each
+        worker). On its GPUs the output slot is this node's (:attr:`local_slots`)."""
         counts = [w.layers for w in self.workers]
-        if counts:
+        if counts and not self.gpus:
             counts[-1] += 1
         return tuple(counts)
+
+    @property
+    def local_slots(self) -> int:
+        """Offloaded layers on this node's GPUs, after the workers': its layers and the output layer; 0 when
+        its share runs on its CPU (the layers llama.cpp does not offload)."""
+        return self.local.layers + 1 if self.gpus and self.workers else 0
 
     @property
     def shares(self) -> tuple[Share, ...]:
@@ -140,6 +167,48 @@ def costs_of(info: GGUFInfo, *, n_ctx: int, n_parallel: int = 1, n_ubatch: int =
         kv_before = upto
     head = whole.total - sum(per_layer)
     return Costs(head=head, layers=tuple(per_layer), compute=whole.compute)
+
+
+def on_gpus(node: NodeMemory | None, n_gpu_layers: int | None) -> bool:
+    """Does this node's share of a split go on its GPUs? When its accelerator is one whose devices
+    llama.cpp offloads to after the RPC devices (:data:`LOCAL_GPUS`), it found devices, and the model is
+    not asked to stay off them (``num_gpu`` / preset ``gpu_layers`` 0)."""
+    return (node is not None and node.accelerator in LOCAL_GPUS and bool(node.devices)
+            and n_gpu_layers != 0)
+
+
+def local_parts(placement: Placement | None, pin: str | None) -> tuple[float, ...]:
+    """The fraction of this node's share on each GPU its child sees, in the child's order (after the RPC
+    devices): where admission placed it (llmman.sched.devices.place) — the placement's devices, or with
+    a preset's ``devices`` pin every pinned device in the pin's order, 0 for those not used — else the
+    first device the child sees (one Metal device; a pin that names no index)."""
+    if placement is None:
+        return (1.0,)
+    if pin is None:
+        return placement.split
+    try:
+        return tuple(placement.share(int(part)) for part in pin.split(","))
+    except ValueError:
+        return (1.0,)
+
+
+def device_split(workers: Sequence[int], local_slots: int, parts: Sequence[float]) -> tuple[int, ...]:
+    """The whole ``--tensor-split`` of a child on this node's GPUs: the workers' layer counts
+    (SplitPlan.tensor_split), then ``local_slots`` (SplitPlan.local_slots) divided over this node's GPUs in
+    proportion to ``parts`` (:func:`local_parts`; whole slots, the largest remainders first, the last
+    slot, the output layer, on the last GPU that gets any). Just ``workers`` when ``local_slots`` is 0."""
+    if local_slots <= 0:
+        return tuple(workers)
+    weights = [max(0.0, p) for p in parts] or [1.0]
+    total = sum(weights)
+    if total <= 0:
+        weights, total = [1.0] + [0.0] * (len(weights) - 1), 1.0
+    exact = [local_slots * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in by_remainder[:local_slots - sum(counts)]:
+        counts[i] += 1
+    return (*workers, *counts)
 
 
 def needs_split(estimate_bytes: int, nodes: Sequence[NodeView], preset_split: str | None) -> bool:
@@ -215,26 +284,28 @@ def _fits(layers: Sequence[int], counts: Sequence[int], avail: Sequence[int]) ->
     return True
 
 
-def plan_split(reference: str, costs: Costs, local: NodeView, peers: Sequence[NodeView]) -> SplitPlan:
+def plan_split(reference: str, costs: Costs, local: NodeView, peers: Sequence[NodeView], *,
+               gpus: bool = False) -> SplitPlan:
     """The split of ``reference``: this node (``local``, which runs llama-server) keeps the head and the
-    first layers; each peer that lends workers (``lends``, not draining) and has room for a compute buffer
-    and a layer takes the following layers, peers with most room first; the layers go in proportion to
-    the room each node has beyond its fixed part. The room is free memory (placement's NodeView.free) when
-    the split fits in it, else free memory plus what idle models hold (their nodes unload them, as for any
-    load). Workers that would get no layer are left out.
+    first layers (with ``gpus``, :func:`on_gpus`: the last layers, on its GPUs); each peer that lends
+    workers (``lends``, not draining) and has room for a compute buffer and a layer takes the other layers,
+    peers with most room first; the layers go in proportion to the room each node has beyond its fixed
+    part. The room is free memory (placement's NodeView.free) when the split fits in it, else free memory
+    plus what idle models hold (their nodes unload them, as for any load). Workers that would get no layer
+    are left out.
 
     Raises:
         LlmmanError: 507 ``insufficient_memory`` naming the bytes missing, when this node cannot hold the
             head or the pool cannot hold every layer, even without its idle models.
     """
     try:
-        return _plan(reference, costs, local, peers, evict=False)
+        return _plan(reference, costs, local, peers, evict=False, gpus=gpus)
     except LlmmanError:
-        return _plan(reference, costs, local, peers, evict=True)
+        return _plan(reference, costs, local, peers, evict=True, gpus=gpus)
 
 
-def _plan(reference: str, costs: Costs, local: NodeView, peers: Sequence[NodeView], *, evict: bool
-          ) -> SplitPlan:
+def _plan(reference: str, costs: Costs, local: NodeView, peers: Sequence[NodeView], *, evict: bool,
+          gpus: bool) -> SplitPlan:
     whole = costs.total + costs.compute * max(1, len(peers))
     local_room = _room(local, whole, evict)
     if local_room < costs.head:
@@ -246,7 +317,9 @@ def _plan(reference: str, costs: Costs, local: NodeView, peers: Sequence[NodeVie
     lenders = sorted((p for p in peers if p.lends and not p.draining and not p.is_local
                       and _room(p, whole, evict) > costs.compute),
                      key=lambda p: (-_room(p, whole, evict), p.name))
-    avail = [local_room - costs.head] + [_room(p, whole, evict) - costs.compute for p in lenders]
+    avail = [_room(p, whole, evict) - costs.compute for p in lenders]
+    # in llama.cpp's device order: this node's CPU before the RPC devices, its GPUs after them
+    avail = [*avail, local_room - costs.head] if gpus else [local_room - costs.head, *avail]
     counts = _assign(costs.layers, avail)
     if counts is None:
         layers = sum(costs.layers)
@@ -255,12 +328,14 @@ def _plan(reference: str, costs: Costs, local: NodeView, peers: Sequence[NodeVie
             f"model {reference} needs {format_bytes(costs.total)}, more than any node has; "
             f"split over this node and {len(lenders)} peer(s) lending RPC workers, idle models unloaded, "
             f"it still lacks {format_bytes(missing)}", status=507, code="insufficient_memory")
-    start = counts[0]
-    mine = Share(LOCAL, "", local.node or LOCAL, counts[0], costs.head + sum(costs.layers[:start]))
+    own, theirs = (counts[-1], counts[:-1]) if gpus else (counts[0], counts[1:])
+    start = 0 if gpus else own
     workers = []
-    for peer, count in zip(lenders, counts[1:], strict=True):
+    for peer, count in zip(lenders, theirs, strict=True):
         if count:
             memory = costs.compute + sum(costs.layers[start:start + count])
             workers.append(Share(peer.name, peer.url, peer.node or peer.name, count, memory))
         start += count
-    return SplitPlan(mine, tuple(workers))
+    mine_layers = costs.layers[start:] if gpus else costs.layers[:own]
+    mine = Share(LOCAL, "", local.node or LOCAL, own, costs.head + sum(mine_layers))
+    return SplitPlan(mine, tuple(workers), gpus)

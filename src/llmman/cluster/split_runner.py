@@ -7,7 +7,8 @@ reason (an unload or expiry through :meth:`SplitRunner.stop`, a crash, the daemo
 child when a worker is lost (its lender answered a renewal with 404 or stopped answering): the child is
 killed, so the scheduler sees it die (its ``on_exit``) and the requests in flight get the in-band error
 the gateway gives for a dead child. The leases are spent then; a plan on them is never started again
-(the next request plans the split afresh, llmman.gateway).
+(the next request plans the split afresh, llmman.gateway). :func:`child_spec` gives the child its split
+flags.
 """
 
 from __future__ import annotations
@@ -17,13 +18,33 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 
+from llmman.cluster.split import device_split, local_parts
+from llmman.runner.argv import LaunchSpec
 from llmman.runner.crash import Cause
-from llmman.sched.plan import Runner, WorkerLeases
+from llmman.sched.plan import ModelPlan, Runner, WorkerLeases
 
-__all__ = ["SplitRunner"]
+__all__ = ["SplitRunner", "child_spec"]
 
 log = logging.getLogger("llmman.cluster.split")
+
+
+def child_spec(spec: LaunchSpec, plan: ModelPlan) -> LaunchSpec:
+    """``spec`` (the child's flags as for any model, llmman.daemon.launch_spec) with ``plan``'s split: its
+    workers (``--rpc``), ``-ngl``, and a ``--tensor-split`` over llama.cpp's devices in its order — the
+    workers' parts, then, when this node's share runs on its GPUs (Split.local_slots), those GPUs' parts
+    in the order the child sees them (llmman.cluster.split.device_split over where admission placed it),
+    with no CPU pin of the output head (:attr:`LaunchSpec.keep_local`). Never ``-sm none`` / ``-mg``: in
+    llama.cpp's single-device mode every device but the main one, the RPC ones too, is dropped. ``spec``
+    itself for a plan that is not split."""
+    split = plan.split
+    if split is None:
+        return spec
+    parts = device_split(split.tensor_split, split.local_slots, local_parts(plan.placement, plan.devices))
+    return replace(spec, rpc=split.endpoints, n_gpu_layers=split.n_gpu_layers,
+                   tensor_split=tuple(float(p) for p in parts), split_mode=None, main_gpu=None,
+                   keep_local=not split.local_slots)
 
 
 class SplitRunner:

@@ -43,8 +43,11 @@ class LaunchSpec:
         tensor_split: ``-ts``, the fraction of the model on each visible device in order, or () for
             llama-server's default (in proportion to each device's free memory).
         rpc: ``ggml-rpc-server`` workers (``host:port``) for a split model (``--rpc``,
-            llmman.cluster.split): the child then also gets :data:`KEEP_LOCAL`; ``n_gpu_layers`` and
-            ``tensor_split`` say what goes to them.
+            llmman.cluster.split): ``n_gpu_layers`` and ``tensor_split`` say what goes to them.
+        keep_local: with ``rpc``, pin the output head to this node's CPU (:data:`KEEP_LOCAL`): for a
+            split whose share runs on this node's CPU, where the output layer would otherwise go to the
+            last worker. False when its share runs on this node's GPUs, which then hold the output layer
+            (llama.cpp keeps the input embedding on the CPU anyway).
         extra_args: appended verbatim after everything else (later flags win in llama-server).
 
     Raises:
@@ -63,6 +66,7 @@ class LaunchSpec:
     main_gpu: int | None = None
     tensor_split: tuple[float, ...] = ()
     rpc: tuple[str, ...] = ()
+    keep_local: bool = True
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -143,7 +147,7 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
 
     Shape: ``<binary> -m PATH --host H --port P -c (n_ctx*n_parallel) -np N --no-kv-unified -a ALIAS
     --no-ui --metrics --log-verbosity 4 [--mmproj F] [-ngl N] [--embeddings -b n_ctx -ub n_ctx] [-t N]
-    [-sm MODE] [-mg K] [-ts F0,F1,..] [--rpc A,B -ot KEEP_LOCAL] *extra_args``.
+    [-sm MODE] [-mg K] [-ts F0,F1,..] [--rpc A,B [-ot KEEP_LOCAL]] *extra_args``.
 
     Rules, from llama-server b11434: ``-c`` is the total KV size shared by all slots, and an explicit
     ``-np`` with ``--no-kv-unified`` gives each slot a fixed ``c / np``, so ``n_ctx * n_parallel`` guarantees
@@ -158,8 +162,8 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
     (Ollama's ``num_thread``, ``num_batch``, ``main_gpu``, ``use_mmap``, ``use_mlock``) come in
     ``extra_args`` from :func:`load_args`, after a preset's, so the request's win. A split child
     (:attr:`LaunchSpec.rpc`) names its workers with ``--rpc`` (llama.cpp lists them as devices RPC0, RPC1, ...
-    before any local GPU, so ``-ts`` is in ``--rpc`` order) and keeps its embedding and output head here
-    (:data:`KEEP_LOCAL`).
+    before any local GPU, so ``-ts`` is in ``--rpc`` order, then this node's GPUs) and, when its share runs
+    on this node's CPU (:attr:`LaunchSpec.keep_local`), keeps its output head here (:data:`KEEP_LOCAL`).
     """
     argv = [
         binary,
@@ -189,7 +193,9 @@ def build_argv(binary: str, spec: LaunchSpec, *, host: str, port: int) -> list[s
     if spec.tensor_split:
         argv += ["-ts", ",".join(f"{part:.4g}" for part in spec.tensor_split)]
     if spec.rpc:
-        argv += ["--rpc", ",".join(spec.rpc), "-ot", KEEP_LOCAL]
+        argv += ["--rpc", ",".join(spec.rpc)]
+        if spec.keep_local:
+            argv += ["-ot", KEEP_LOCAL]
     argv.extend(spec.extra_args)
     return argv
 

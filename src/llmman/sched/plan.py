@@ -89,10 +89,13 @@ class Split:
 
     Attributes:
         endpoints: the workers' ``host:port`` in ``--rpc`` order (RPC0 first).
-        n_gpu_layers: ``-ngl`` (the workers' layers, plus the output slot).
+        n_gpu_layers: ``-ngl`` (the workers' layers plus the output slot; on this node's GPUs every layer).
         tensor_split: ``--tensor-split`` proportions, one per worker.
         parts: ``(node, bytes)`` of every share, this node first (``/api/ps``'s ``split``).
         workers: the leases on the workers (not part of the plan's identity).
+        local_slots: this node's offloaded layers, after the workers' (its layers and the output layer),
+            divided over its GPUs at launch (llmman.cluster.split.device_split); 0 when its share runs on
+            its CPU.
     """
 
     endpoints: tuple[str, ...]
@@ -100,6 +103,7 @@ class Split:
     tensor_split: tuple[int, ...]
     parts: tuple[tuple[str, int], ...]
     workers: WorkerLeases | None = field(default=None, compare=False, repr=False)
+    local_slots: int = 0
 
 
 class ChildKey(NamedTuple):
@@ -198,6 +202,14 @@ def reloads(loaded: ModelPlan, wanted: ModelPlan) -> bool:
     have, asked = loaded.load, wanted.load
     return any(value is not None and value != getattr(have, name)
                for name, value in vars(asked).items())
+
+
+def outgrown(loaded: ModelPlan, wanted: ModelPlan) -> bool:
+    """True when ``wanted`` needs another child than ``loaded``'s once nobody uses it: a larger context (a
+    loaded context at least as large serves it, as Scheduler.acquire reuses one) or other load options
+    (:func:`reloads`). The scheduler reloads an idle child it finds so; a split child is planned again
+    instead (llmman.gateway), since its workers are sized for its context."""
+    return wanted.n_ctx > loaded.n_ctx or reloads(loaded, wanted)
 
 
 Launcher = Callable[[ModelPlan, Callable[[Runner], None]], Awaitable[Runner]]
