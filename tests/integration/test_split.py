@@ -224,6 +224,33 @@ def test_a_killed_worker_cuts_the_stream_and_the_next_request_plans_again(pool: 
     wait_until(lambda: pool.rpc_workers() == 2, "the old worker on charlie to be released")
 
 
+def idle(d: Daemon, reference: str) -> bool:
+    """True when ``d`` runs ``reference`` with no request on it (its ``/llmman/node``)."""
+    load = node(d)["models"].get(reference)
+    return load is not None and load["in_flight"] == 0 and load["queued"] == 0
+
+
+def test_a_larger_context_plans_the_split_again(pool: Pool) -> None:
+    if not [m for m in ps(pool.alpha) if m["name"] == GEMMA_REF]:
+        ask(pool.alpha, "/api/chat")
+    assert split_entry(pool.alpha)["context_length"] == 1024
+    before = worker_ids(pool.bravo) | worker_ids(pool.charlie)
+    assert len(before) == 2
+    wait_until(lambda: idle(pool.alpha, GEMMA_REF), "the split to be idle")
+    say = [{"role": "user", "content": "Say hello"}]
+    r = httpx.post(pool.alpha.url + "/api/chat", json={"model": GEMMA, "messages": say, "stream": False,
+                                                        "options": {"num_ctx": 2048, "num_predict": 4}},
+                   timeout=180)
+    assert r.status_code == 200, r.text
+    entry = split_entry(pool.alpha)
+    assert entry["context_length"] == 2048 and len(entry["split"]) == 3
+    after = worker_ids(pool.bravo) | worker_ids(pool.charlie)
+    assert len(after) == 2 and not after & before  # new workers; the old ones were released
+    assert pool.rpc_workers() == 2
+    assert ask(pool.alpha, "/api/chat")  # a smaller context is served by the loaded split
+    assert worker_ids(pool.bravo) | worker_ids(pool.charlie) == after
+
+
 def test_unload_stops_every_worker(pool: Pool) -> None:
     if not [m for m in ps(pool.alpha) if m["name"] == GEMMA_REF]:
         ask(pool.alpha, "/api/chat")
