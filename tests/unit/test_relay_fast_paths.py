@@ -187,3 +187,32 @@ def test_created_at_is_made_once_a_millisecond_in_isoformats_shape() -> None:
     now[0] += 1_000_000
     assert clock() == "2025-12-02T01:20:00.124000Z"
     assert stamp(1_764_638_401_000) == "2025-12-02T01:20:01Z"  # as isoformat at a whole second
+
+
+async def test_a_failed_probe_about_a_read_that_has_ended_keeps_watching() -> None:
+    content = reader()
+    gate = asyncio.Event()
+    asked = asyncio.Event()
+    answers = [False, False]
+    count = 0
+
+    async def alive() -> bool:
+        nonlocal count
+        count += 1
+        asked.set()
+        if count == 1:
+            await gate.wait()  # the peer's bytes arrive while this probe is out
+        return answers.pop(0) if answers else True
+
+    answer = WatchedAnswer(content, alive, STALL, what="silent")
+    try:
+        reading = asyncio.ensure_future(answer.next())
+        await asyncio.wait_for(asked.wait(), 5)
+        content.feed_data(b"late")
+        assert await reading == b"late"  # the read ended before the probe said no: nothing given up
+        gate.set()
+        with pytest.raises(PeerSilent):  # the watch goes on: the next silent read is probed and given up
+            await asyncio.wait_for(answer.next(), 5)
+        assert count == 2
+    finally:
+        answer.close()

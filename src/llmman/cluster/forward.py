@@ -267,12 +267,13 @@ class WatchedAnswer:
         self._probe = asyncio.ensure_future(self._ask())
 
     async def _ask(self) -> None:
-        if not await self._alive():
-            if self._reading:
-                self._content.set_exception(PeerSilent(
-                    f"{self._what} for {self._stall:g} s and not answering its probe"))
-            self._probe = None
-            return
-        log.debug("%s for %g s, but it answers its probe: still waiting", self._what, self._stall)
+        alive = await self._alive()
         self._probe = None
-        self._timer = self._loop.call_at(self._loop.time() + self._stall, self._check)
+        now = self._loop.time()
+        if not alive and self._reading and now - self._since >= self._stall:
+            message = f"{self._what} for {self._stall:g} s and not answering its probe"
+            self._content.set_exception(PeerSilent(message))
+            return
+        if alive:  # else the read it was asked about has ended: that silence is over
+            log.debug("%s for %g s, but it answers its probe: still waiting", self._what, self._stall)
+        self._timer = self._loop.call_at(now + self._stall, self._check)
