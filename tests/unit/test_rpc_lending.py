@@ -17,7 +17,7 @@ from tests.fakes.runner import StubRunner
 from tests.unit.test_rpc_worker import gone, rpc_binary
 
 from llmman.errors import LlmmanError
-from llmman.sched.lending import Lending, LendingOptions, RpcDisabled, WorkerGone, prune_logs
+from llmman.sched.lending import Lending, LendingOptions, RpcDisabled, WorkerGone, addresses, prune_logs
 from llmman.sched.scheduler import ModelPlan, Runner, Scheduler
 
 
@@ -232,3 +232,24 @@ async def test_a_lend_prunes_the_logs_of_ended_workers(tmp_path: Path) -> None:
         assert f"rpc-{live.id}.log" in logs and len(logs) == 4  # within LOGS_KEPT: all kept
     finally:
         await node.close()
+
+
+@pytest.mark.parametrize(("bind", "reach", "expected"), [
+    ("10.0.0.2", "10.0.0.2", ("10.0.0.2", "10.0.0.2")),
+    ("10.0.0.2", "192.168.1.5", ("10.0.0.2", "10.0.0.2")),  # rpc.bind wins over where the request came
+    ("0.0.0.0", "192.168.1.5", ("0.0.0.0", "192.168.1.5")),
+    ("::", "::ffff:192.168.1.5", ("0.0.0.0", "192.168.1.5")),  # a dual-stack daemon reached over IPv4
+    ("", "", ("0.0.0.0", "127.0.0.1")),
+    ("localhost", "127.0.0.1", ("localhost", "localhost")),
+])
+def test_where_a_worker_listens_and_what_its_endpoint_names(bind: str, reach: str,
+                                                            expected: tuple[str, str]) -> None:
+    assert addresses(bind, reach) == expected
+
+
+@pytest.mark.parametrize(("bind", "reach"), [("::1", "::1"), ("fd00::2", "fd00::2"), ("::", "fd00::2")])
+def test_ipv6_is_refused_at_once(bind: str, reach: str) -> None:
+    with pytest.raises(LlmmanError) as caught:
+        addresses(bind, reach)
+    assert caught.value.status == 503 and caught.value.code == "rpc_ipv6"
+    assert "IPv4" in caught.value.message

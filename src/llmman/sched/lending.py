@@ -43,6 +43,32 @@ from llmman.sizes import format_bytes
 log = logging.getLogger("llmman.sched.lending")
 
 WILDCARDS = frozenset({"", "0.0.0.0", "::"})  # bind hosts a peer cannot connect to as such
+_MAPPED = "::ffff:"  # an IPv4 address as a dual-stack socket reports it
+
+
+def addresses(bind: str, reach: str) -> tuple[str, str]:
+    """Where a worker listens (``-H``) and the host its endpoint names, for the bind address ``bind``
+    (``rpc.bind``, else the host of ``server.host``) and the address ``reach`` a peer's request came to.
+
+    A wildcard (``0.0.0.0``, ``::``, empty) listens on every IPv4 address and names ``reach`` (an
+    IPv4-mapped one unwrapped), else loopback. ``ggml-rpc-server`` listens on IPv4 only (it accepts an IPv6
+    ``-H`` and then never binds it), so an IPv6 address is refused here rather than after a timeout.
+
+    Raises:
+        LlmmanError: 503 ``rpc_ipv6`` for an IPv6 bind address, or a wildcard reached over IPv6.
+    """
+    if bind in WILDCARDS:
+        host = reach.removeprefix(_MAPPED) if reach.startswith(_MAPPED) else (reach or "127.0.0.1")
+        if ":" in host:
+            raise LlmmanError(f"this node was reached over IPv6 ({host}) and ggml-rpc-server listens on "
+                              "IPv4 only: set rpc.bind (LLMMAN_RPC_BIND) to this node's IPv4 address",
+                              status=503, code="rpc_ipv6")
+        return "0.0.0.0", host
+    if ":" in bind:
+        raise LlmmanError(f"rpc.bind {bind!r} is an IPv6 address and ggml-rpc-server listens on IPv4 only: "
+                          "set rpc.bind (LLMMAN_RPC_BIND) to an IPv4 address of this node",
+                          status=503, code="rpc_ipv6")
+    return bind, bind
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL for a worker
 LOGS_KEPT = 16  # logs of workers no longer running kept (rpc-<id>.log and its rotations), newest first
 
@@ -180,11 +206,12 @@ class Lending:
         if self._scheduler.draining:  # a node being emptied takes on nothing new (llmman drain)
             raise LlmmanError("this node is draining: it lends no new RPC workers", status=503,
                               code="draining")
+        listen, advertised = addresses(self.options.bind, reach)
         binary = self._find_binary()
         prune_logs(self.options.logs_dir, set(self._workers))
         await self._scheduler.reserve(memory)
         worker_id = secrets.token_hex(8)
-        worker = RpcWorker(binary, host=self.options.bind or "127.0.0.1", threads=self.options.threads,
+        worker = RpcWorker(binary, host=listen, threads=self.options.threads,
                            cache=self.options.cache, env=self._env,
                            log_path=self.options.logs_dir / f"rpc-{worker_id}.log",
                            on_exit=lambda w: self._exited(worker_id), log_limits=self.options.log_limits)
@@ -198,8 +225,7 @@ class Lending:
             if self._workers.pop(worker_id, None) is lent:
                 await asyncio.shield(self._end(lent))
             raise
-        host = self.options.bind if self.options.bind not in WILDCARDS else (reach or "127.0.0.1")
-        lent.endpoint = worker.endpoint_on(host)
+        lent.endpoint = worker.endpoint_on(advertised)
         self._arm(lent)
         log.info("lent an RPC worker at %s (%s, pid %s) to %s for %s", lent.endpoint, format_bytes(memory),
                  worker.pid, owner or "a peer", model or "a model")
