@@ -17,6 +17,7 @@ from tests.unit.test_rpc_worker import gone, rpc_binary
 
 from llmman.api.app import build_app
 from llmman.api.services import Services
+from llmman.cluster.state import parse_node
 from llmman.config.settings import load_settings
 from llmman.daemon import make_lending
 from llmman.gateway import Gateway
@@ -83,6 +84,8 @@ async def test_lend_list_renew_delete(app: App) -> None:
     node = (await app.client.get("/llmman/node")).json()
     assert node["rpc"] == {"serve": True, "reserved": 600, "workers": 1}
     assert node["free"] == 400 and node["loaded"] == {}
+    view = parse_node("lender", "http://lender", node)  # as a peer's placement reads it (S's side)
+    assert view is not None and view.lends and view.reserved == 600 and view.free == 400
     assert (await app.client.get("/api/ps")).json()["models"] == []  # a lent worker is not a model
     r = await app.client.post(f"{URL}/{body['id']}/renew")
     assert r.status_code == 200 and r.json() == {"lease": 20.0}
