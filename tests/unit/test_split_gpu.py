@@ -5,6 +5,8 @@ and the test reads the plan and the argv (docs/split.md says it is untested on h
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from llmman.cluster.placement import LOCAL, NodeView
@@ -92,6 +94,16 @@ def test_a_gpu_main_nodes_child_argv(placement: Placement, devices: str | None, 
     assert _flag(argv, "-ngl") == "11" and _flag(argv, "-ts") == ts
     assert "-ot" not in argv  # the output head stays on this node's GPU; the input embedding is on its CPU
     assert "-sm" not in argv and "-mg" not in argv
+
+
+def test_num_gpu_0_keeps_the_rpc_devices() -> None:
+    split = Split(("10.0.0.2:50101", "10.0.0.3:50102"), 8, (5, 3), (), local_slots=0)
+    plan = replace(_plan(split), n_gpu_layers=0, extra_args=("-t", "3", "-dev", "none", "--foo", "none"))
+    argv = build_argv("llama-server", child_spec(launch_spec(plan), plan), host="127.0.0.1", port=9)
+    # -dev none would drop the RPC devices too: only the workers, never this node's GPUs
+    assert argv.count("-dev") == 1 and _flag(argv, "-dev") == "RPC0,RPC1"
+    assert argv[argv.index("-t"):] == ["-t", "3", "--foo", "none", "-dev", "RPC0,RPC1"]
+    assert _flag(argv, "-ngl") == "8" and _flag(argv, "-ts") == "5,3"
 
 
 def test_a_cpu_main_nodes_child_argv_is_unchanged() -> None:

@@ -37,14 +37,30 @@ def child_spec(spec: LaunchSpec, plan: ModelPlan) -> LaunchSpec:
     in the order the child sees them (llmman.cluster.split.device_split over where admission placed it),
     with no CPU pin of the output head (:attr:`LaunchSpec.keep_local`). Never ``-sm none`` / ``-mg``: in
     llama.cpp's single-device mode every device but the main one, the RPC ones too, is dropped. ``spec``
-    itself for a plan that is not split."""
+    itself for a plan that is not split.
+
+    A model asked to stay off this node's GPUs (``num_gpu`` 0: ``-dev none``, llmman.runner.argv.load_args)
+    gets ``-dev RPC0,RPC1,…`` instead: ``-dev none`` drops the RPC devices too (measured with the bundled
+    build: every tensor on this node's CPU, the worker unused), a list of them keeps only them."""
     split = plan.split
     if split is None:
         return spec
     parts = device_split(split.tensor_split, split.local_slots, local_parts(plan.placement, plan.devices))
+    extra, kept, i = spec.extra_args, list[str](), 0
+    while i < len(extra):
+        if extra[i:i + 2] == _DEV_NONE:
+            i += 2
+            continue
+        kept.append(extra[i])
+        i += 1
+    if len(kept) < len(extra):
+        extra = (*kept, "-dev", ",".join(f"RPC{n}" for n in range(len(split.endpoints))))
     return replace(spec, rpc=split.endpoints, n_gpu_layers=split.n_gpu_layers,
                    tensor_split=tuple(float(p) for p in parts), split_mode=None, main_gpu=None,
-                   keep_local=not split.local_slots)
+                   keep_local=not split.local_slots, extra_args=extra)
+
+
+_DEV_NONE = ("-dev", "none")
 
 
 class SplitRunner:
