@@ -76,13 +76,20 @@ async def test_ready_once_its_port_accepts_then_stopped(tmp_path: Path) -> None:
     assert cmdline[0] == worker.binary
     assert cmdline[1:] == ["-H", "127.0.0.1", "-p", str(worker.port), "-t", "1", "-c"]
     assert psutil.Process(worker.pid).environ()["LLAMA_CACHE"] == str(tmp_path / "cache")
+    # its own lines arrive as it prints them (stdbuf -oL), not at its exit: the kernel queues a connection
+    # as soon as the port listens, the server logs it once it has accepted it
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while not any("Accepted client connection" in line for line in worker.log_tail(50)):
+        assert loop.time() < deadline, worker.log_tail(50)
+        await asyncio.sleep(0.02)
     pid = worker.pid
     await worker.stop()
     assert worker.exited.is_set() and not worker.alive
     assert gone(pid)
     text = (tmp_path / "logs" / "rpc-test.log").read_text()
-    assert "Accepted client connection" in text  # its own lines, as they come (stdbuf -oL)
-    assert "Starting RPC server" in text and "starting: " in text and "stopped, exit code" in text
+    assert "Accepted client connection" in text and "Starting RPC server" in text
+    assert "starting: " in text and "stopped, exit code" in text
 
 
 async def test_a_death_on_its_own_is_reported(tmp_path: Path) -> None:
