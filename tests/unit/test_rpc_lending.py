@@ -108,13 +108,13 @@ async def test_a_lease_not_renewed_expires(tmp_path: Path) -> None:
 
 
 async def test_a_renewed_lease_keeps_its_worker(tmp_path: Path) -> None:
-    node = Node(tmp_path, lease=1.0)
+    node = Node(tmp_path, lease=2.0)
     try:
         lent = await node.lending.lend("o", "m", 300)
         loop = asyncio.get_running_loop()
-        end = loop.time() + 2.5  # more than twice the lease, renewed ten times a lease
+        end = loop.time() + 4.5  # more than twice the lease, renewed twenty times a lease
         while loop.time() < end:
-            assert node.lending.renew(lent.id) == 1.0
+            assert node.lending.renew(lent.id) == 2.0
             await asyncio.sleep(0.1)
         assert lent.worker.alive and node.scheduler.reserved == 300
     finally:
