@@ -1,13 +1,16 @@
 """A split whose main node has GPUs (llmman.cluster.split.on_gpus, plan_split(gpus=True), device_split,
 llmman.cluster.split_runner.child_spec): this node's share goes on its GPUs, after the workers, as llama.cpp
 orders its devices (RPC first, then local GPUs). No GPU here: the node is a NodeMemory of fake CUDA devices
-and the test reads the plan and the argv (docs/split.md says it is untested on hardware)."""
+and the test reads the plan and the argv (docs/split.md says it is untested on hardware); the last one goes
+through the gateway and the scheduler's admission with the stand-in lender of tests/unit/test_split_replan.py."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from tests.unit.test_split_replan import HERE, split_pool
 
 from llmman.cluster.placement import LOCAL, NodeView
 from llmman.cluster.split import Costs, device_split, local_parts, on_gpus, plan_split
@@ -113,3 +116,18 @@ def test_a_cpu_main_nodes_child_argv_is_unchanged() -> None:
     assert _flag(argv, "-ngl") == "4" and _flag(argv, "-ts") == "4" and _flag(argv, "-ot") == KEEP_LOCAL
     unsplit = ModelPlan(reference="x:1", digest="d", size=1, n_ctx=256, model_path="/m")
     assert child_spec(launch_spec(unsplit), unsplit) == launch_spec(unsplit)
+
+
+async def test_the_gateway_plans_a_gpu_main_node_and_admission_places_its_share(tmp_path: Path) -> None:
+    # two fake GPUs capped to HERE: the head (1.61 MB) fits this node, not one GPU's half of the cap
+    node = NodeMemory("cuda", tuple(Device("cuda", i, f"GPU{i}", 24 * G, 24 * G) for i in range(2)), cap=HERE)
+    async with split_pool(tmp_path, node) as (gw, lender, started):
+        (await gw.acquire(gw.resolve("tiny"), keep_alive=None, num_ctx=None)).release()
+        [plan] = started
+        assert plan.split is not None and set(lender.workers) == {"w0"}
+        # the one layer on the worker (RPC0), the output layer on this node's GPUs, placed over both
+        assert plan.split.local_slots == 1 and plan.split.n_gpu_layers == 2
+        assert plan.split.tensor_split == (1,)
+        assert plan.placement is not None and plan.placement.devices == (0, 1)
+        argv = build_argv("llama-server", child_spec(launch_spec(plan), plan), host="127.0.0.1", port=9)
+        assert _flag(argv, "-ngl") == "2" and _flag(argv, "-ts") == "1,1,0" and "-ot" not in argv

@@ -11,6 +11,7 @@ daemons do the same in tests/integration/test_split.py.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from llmman.cluster.split_runner import SplitRunner
 from llmman.config.table import HostAddress
 from llmman.gateway import Gateway
 from llmman.protocol.ollama.fields import RunnerOptions
+from llmman.sched.gpu import NodeMemory
 from llmman.sched.plan import ModelPlan, Runner, outgrown
 from llmman.sched.scheduler import Scheduler
 
@@ -90,8 +92,11 @@ def launcher(started: list[ModelPlan]) -> Callable[[ModelPlan, Callable[[Runner]
     return launch
 
 
-@pytest.fixture
-async def pool(tmp_path: Path) -> AsyncIterator[tuple[Gateway, Lender, list[ModelPlan]]]:
+@contextlib.asynccontextmanager
+async def split_pool(tmp: Path, node: NodeMemory | None = None
+                     ) -> AsyncIterator[tuple[Gateway, Lender, list[ModelPlan]]]:
+    """A gateway on this node (``HERE`` bytes, or ``node``'s devices capped to it) with one lending peer;
+    the plans its launcher started."""
     lender = Lender()
     site_runner = web.AppRunner(lender.app())
     await site_runner.setup()
@@ -99,15 +104,22 @@ async def pool(tmp_path: Path) -> AsyncIterator[tuple[Gateway, Lender, list[Mode
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     started: list[ModelPlan] = []
-    sched = Scheduler(launcher(started), default_keep_alive=300, capacity=HERE)  # type: ignore[arg-type]
+    sched = Scheduler(launcher(started), default_keep_alive=300,  # type: ignore[arg-type]
+                      capacity=node.capacity if node else HERE, node_memory=node)
     async with aiohttp.ClientSession() as session:
-        gw = Gateway(make_store(tmp_path, ("tiny",)), sched, session, context_length=1024, aliases={})
+        gw = Gateway(make_store(tmp, ("tiny",)), sched, session, context_length=1024, aliases={})
         gw.peers = Peers(session, (HostAddress("http", "127.0.0.1", port),), timeout=5.0)
         try:
             yield gw, lender, started
         finally:
             await sched.close()
             await site_runner.cleanup()
+
+
+@pytest.fixture
+async def pool(tmp_path: Path) -> AsyncIterator[tuple[Gateway, Lender, list[ModelPlan]]]:
+    async with split_pool(tmp_path) as made:
+        yield made
 
 
 async def test_a_larger_context_plans_the_split_again_with_new_workers(
