@@ -2,7 +2,7 @@
 llmman.cluster.split_runner.child_spec): this node's share goes on its GPUs, after the workers, as llama.cpp
 orders its devices (RPC first, then local GPUs). No GPU here: the node is a NodeMemory of fake CUDA devices
 and the test reads the plan and the argv (docs/split.md says it is untested on hardware); the last one goes
-through the gateway and the scheduler's admission with the stand-in lender of tests/unit/test_split_replan.py."""
+through the gateway and the scheduler's admission, with the stand-in lender of test_split_replan.py."""
 
 from __future__ import annotations
 
