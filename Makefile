@@ -1,5 +1,5 @@
 # The two commands of the README. Each does all of its own set-up (scripts/setup.sh) and is idempotent.
-.PHONY: serve test lint unit bench bench-pool bench-obs bench-scale setup setup-test setup-venv bench-gpu bench-transfer
+.PHONY: serve test lint unit bench bench-pool bench-obs bench-scale setup setup-test setup-venv bench-gpu bench-transfer bench-split
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -55,6 +55,10 @@ bench-scale: setup-venv
 # /v2/ blob copies against nginx and pulls against curl (needs nginx: apt-get install nginx-light).
 bench-transfer: setup-venv
 	$(BIN)/python bench/bench_transfer.py --rounds 5 --tls
+
+# One model split over llama.cpp RPC workers against the same model on one node (docs/split.md "Measured").
+bench-split: setup-test
+	$(BIN)/python bench/bench_split.py
 
 # The proxy benchmark on an NVIDIA GPU at 1, 16 and 256 streams (builds a CUDA llama-server; bench/README.md).
 bench-gpu:

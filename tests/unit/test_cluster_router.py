@@ -60,6 +60,9 @@ class FakeScheduler:
     busy: dict[str, int] = field(default_factory=dict)  # reference -> requests on it (served or waiting)
     slots: int = 4
     stopping: set[str] = field(default_factory=set)  # references being stopped (a draining copy)
+    lends: bool = False  # rpc.serve, and the RPC workers' reservations (the node document's rpc part)
+    reserved: int = 0
+    reservations: int = 0
 
     def snapshot(self) -> list[Snap]:
         return [Snap(ref, size, self.busy.get(ref, 0), self.slots, draining=ref in self.stopping)
