@@ -296,7 +296,7 @@ def make_lending(settings: Settings, scheduler: Scheduler, binary: str, environ:
                              bind=settings.bind or settings.host.bind_host, cache=settings.cache,
                              cache_dir=settings.data_dir / CACHE_DIR, logs_dir=settings.logs_dir,
                              threads=os.cpu_count() or 1,
-                             log_limits=(settings.file_size, settings.file_count))
+                             log_limits=(settings.file_size, settings.file_count), ports=settings.rpc_ports)
     return Lending(scheduler, options, find_binary=lambda: find_rpc_server(binary), environ=environ)
 
 

@@ -180,6 +180,7 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
         "LLMMAN_RPC_CACHE": "false",
         "LLMMAN_RPC_LEASE": "10s",
         "LLMMAN_BLOB_PORT": "17435",
+        "LLMMAN_RPC_PORTS": "50052-50067",
     }
     s = load(files, env)
     assert s.host == HostAddress("https", "example.com", 443)
@@ -205,6 +206,7 @@ def test_every_setting_from_env(files: tuple[Path, Path]) -> None:
     assert s.scan_dirs == ("~/.ollama/models", "/srv/gguf")
     assert (s.serve, s.bind, s.cache, s.lease) == (True, "10.0.0.5", False, 10.0)
     assert s.blob_port == 17435
+    assert (s.ports, s.rpc_ports) == ("50052-50067", (50052, 50067))
     assert {origin for key, origin in s.origins.items()} == {f"env {spec.env}" for spec in SETTINGS}
 
 
@@ -593,3 +595,15 @@ def test_other_tools_variables_are_read_with_the_settings(files: tuple[Path, Pat
     e = load(files, {"HOME": "/h", "XDG_CACHE_HOME": "/cache", "HF_TOKEN_PATH": ""}).environment
     assert e.hf_token_path == Path("/cache/huggingface/token")  # an empty variable counts as unset
     assert load(files, {"HOME": "/h", "HF_TOKEN_PATH": "/t/tok"}).environment.hf_token_path == Path("/t/tok")
+
+
+@pytest.mark.parametrize("text", ["50052", "1-65535", " 7000-7000 "])
+def test_rpc_ports_takes_a_range_or_one_port(files: tuple[Path, Path], text: str) -> None:
+    low, _, high = text.strip().partition("-")
+    assert load(files, {"LLMMAN_RPC_PORTS": text}).rpc_ports == (int(low), int(high or low))
+
+
+@pytest.mark.parametrize("text", ["0-10", "9-8", "a-b", "70000", "1-2-3", "-5"])
+def test_rpc_ports_refuses_what_is_not_a_range(files: tuple[Path, Path], text: str) -> None:
+    with pytest.raises(ConfigError, match=r"rpc\.ports must be"):
+        _ = load(files, {"LLMMAN_RPC_PORTS": text}).rpc_ports

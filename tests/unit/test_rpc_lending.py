@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -48,9 +49,11 @@ async def until(condition: Callable[[], bool], what: str, within: float = 20.0) 
         await asyncio.sleep(0.02)
 
 
-def options(tmp_path: Path, *, serve: bool = True, lease: float = 30.0) -> LendingOptions:
+def options(tmp_path: Path, *, serve: bool = True, lease: float = 30.0,
+            ports: tuple[int, int] | None = None) -> LendingOptions:
     return LendingOptions(serve=serve, lease=lease, bind="127.0.0.1", cache=True,
-                          cache_dir=tmp_path / "rpc-cache", logs_dir=tmp_path / "logs", threads=1)
+                          cache_dir=tmp_path / "rpc-cache", logs_dir=tmp_path / "logs", threads=1,
+                          ports=ports)
 
 
 class Node:
@@ -253,3 +256,29 @@ def test_ipv6_is_refused_at_once(bind: str, reach: str) -> None:
         addresses(bind, reach)
     assert caught.value.status == 503 and caught.value.code == "rpc_ipv6"
     assert "IPv4" in caught.value.message
+
+
+async def test_rpc_ports_gives_each_worker_the_first_free_port_of_the_range(tmp_path: Path) -> None:
+    """``rpc.ports``: a port something else listens on is skipped, each worker gets its own, and a range
+    with none left is a 503 that gives the reservation back."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        first = probe.getsockname()[1]
+    if first > 65533:
+        pytest.skip("no room above the port the OS gave")
+    taken = socket.create_server(("127.0.0.1", first))
+    node = Node(tmp_path, ports=(first, first + 2))
+    try:
+        a = await node.lending.lend("o", "m", 100)
+        b = await node.lending.lend("o", "m", 100)
+        assert (a.worker.port, b.worker.port) == (first + 1, first + 2)
+        with pytest.raises(LlmmanError) as caught:
+            await node.lending.lend("o", "m", 100)
+        assert (caught.value.status, caught.value.code) == (503, "rpc_ports_exhausted")
+        assert node.scheduler.reserved == 200 and node.scheduler.reservations == 2
+        assert await node.lending.stop(a.id)
+        c = await node.lending.lend("o", "m", 100)
+        assert c.worker.port == first + 1
+    finally:
+        taken.close()
+        await node.close()

@@ -95,7 +95,8 @@ def node_document(scheduler: Scheduler, store: Store, *, name: str, fallback: bo
 def lent(scheduler: Scheduler) -> dict[str, Any]:
     """The ``rpc`` part: whether this node lends workers, the bytes they hold and how many
     (llmman.sched.scheduler.Scheduler's ``lends``, ``reserved`` and ``reservations``)."""
-    return {"serve": scheduler.lends is True, "reserved": scheduler.reserved, "workers": scheduler.reservations}
+    return {"serve": scheduler.lends is True, "reserved": scheduler.reserved,
+            "workers": scheduler.reservations}
 
 
 def with_telemetry(devices: list[dict[str, Any]], node: NodeMemory | None) -> list[dict[str, Any]]:

@@ -101,6 +101,7 @@ class Settings:
     affinity: bool = True
     serve: bool = False
     bind: str = ""
+    ports: str = ""
     cache: bool = True
     lease: float = 30.0
     name: str = ""
@@ -143,6 +144,25 @@ class Settings:
     def peer_list(self) -> tuple[str, ...]:
         """``aggregation.peers`` parsed: one ``LLMMAN_HOST``-style entry per peer."""
         return split_list(self.peers)
+
+    @property
+    def rpc_ports(self) -> tuple[int, int] | None:
+        """``rpc.ports`` parsed: ``(first, last)``, or None when empty (free ports).
+
+        Raises:
+            ConfigError: not ``FIRST-LAST`` (or one port) within 1-65535, first <= last.
+        """
+        text = self.ports.strip()
+        if not text:
+            return None
+        first, _, last = text.partition("-")
+        try:
+            low, high = int(first), int(last or first)
+        except ValueError:
+            low = high = 0
+        if not 1 <= low <= high <= 65535:
+            raise ConfigError(f"rpc.ports must be FIRST-LAST within 1-65535 (like 50052-50067), got {text!r}")
+        return low, high
 
     @property
     def node_name(self) -> str:

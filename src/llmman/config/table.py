@@ -248,6 +248,8 @@ SETTINGS: tuple[SettingSpec, ...] = (
                 "(unauthenticated protocol: trusted networks only)."),
     SettingSpec("rpc.bind", "LLMMAN_RPC_BIND", None, Kind.STR, "",
                 "Address the workers listen on; empty = the host of server.host."),
+    SettingSpec("rpc.ports", "LLMMAN_RPC_PORTS", None, Kind.STR, "",
+                "Ports the workers listen on, FIRST-LAST (one per worker); empty = free ones the OS picks."),
     SettingSpec("rpc.cache", "LLMMAN_RPC_CACHE", None, Kind.BOOL, "true",
                 "Workers keep the tensors they receive in <data_dir>/rpc-cache (ggml-rpc-server -c)."),
     SettingSpec("rpc.lease", "LLMMAN_RPC_LEASE", None, Kind.DURATION, "30s",

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +137,8 @@ class LendingOptions:
         logs_dir: where ``rpc-<id>.log`` goes.
         threads: each worker's ``-t``.
         log_limits: ``(log.file_size, log.file_count)``.
+        ports: ``rpc.ports`` as ``(first, last)``: each worker takes the first of them that is free; None =
+            a free port the OS picks.
     """
 
     serve: bool
@@ -146,6 +149,7 @@ class LendingOptions:
     logs_dir: Path
     threads: int
     log_limits: tuple[int, int] = (MAX_BYTES, BACKUPS)
+    ports: tuple[int, int] | None = None
 
 
 class Lending:
@@ -211,7 +215,12 @@ class Lending:
         prune_logs(self.options.logs_dir, set(self._workers))
         await self._scheduler.reserve(memory)
         worker_id = secrets.token_hex(8)
-        worker = RpcWorker(binary, host=listen, threads=self.options.threads,
+        try:
+            port = self._port(listen)
+        except LlmmanError:
+            self._scheduler.unreserve(memory)
+            raise
+        worker = RpcWorker(binary, host=listen, threads=self.options.threads, port=port,
                            cache=self.options.cache, env=self._env,
                            log_path=self.options.logs_dir / f"rpc-{worker_id}.log",
                            on_exit=lambda w: self._exited(worker_id), log_limits=self.options.log_limits)
@@ -230,6 +239,23 @@ class Lending:
         log.info("lent an RPC worker at %s (%s, pid %s) to %s for %s", lent.endpoint, format_bytes(memory),
                  worker.pid, owner or "a peer", model or "a model")
         return lent
+
+    def _port(self, host: str) -> int | None:
+        """The port for a new worker: None (a free one) without ``rpc.ports``, else the first port of the
+        range that no worker of ours holds and that binds on ``host`` now.
+
+        Raises:
+            LlmmanError: 503 ``rpc_ports_exhausted``: every port of ``rpc.ports`` is taken.
+        """
+        if self.options.ports is None:
+            return None
+        first, last = self.options.ports
+        ours = {w.worker.port for w in self._workers.values()}
+        for port in range(first, last + 1):
+            if port not in ours and _bindable(host, port):
+                return port
+        raise LlmmanError(f"every port of rpc.ports ({first}-{last}) is taken: this node lends no more RPC "
+                          f"workers now", status=503, code="rpc_ports_exhausted")
 
     def renew(self, worker_id: str) -> float:
         """Extend ``worker_id``'s lease by ``rpc.lease`` seconds from now; returns the lease.
@@ -303,3 +329,14 @@ class Lending:
         task: asyncio.Task[None] = asyncio.create_task(work)
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
+
+
+def _bindable(host: str, port: int) -> bool:
+    """True when ``host:port`` can be bound now (nothing listens there)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
