@@ -9,7 +9,9 @@ stay required at the front door (``/v2/``), and the blob server itself checks no
 
 The server is started on the first redirect (:func:`blob_server`), listens on the daemon's bind
 host at a port the OS picks, and answers each connection in its own thread (at most
-:data:`MAX_CONNECTIONS` at once, 503 past that): ``GET`` and ``HEAD``, HTTP/1.1 keep-alive, one
+:data:`MAX_CONNECTIONS` at once, 503 past that; each request head, the TLS handshake with the first,
+must arrive whole within :data:`HEAD_TIMEOUT_S`, so slow clients cannot hold the slots): ``GET`` and
+``HEAD``, HTTP/1.1 keep-alive, one
 ``Range`` (RFC 9110 §14, parsed by :mod:`llmman.api.byteranges`; several ranges are answered with the
 whole blob, which RFC 9110 allows). Over plain HTTP the body goes by ``socket.sendfile`` (the kernel
 copies page cache to socket and the GIL is released); when the daemon serves TLS this server does too,
@@ -112,18 +114,23 @@ class BlobServer:
     def _connection(self, raw: socket.socket) -> None:
         sock: socket.socket = raw
         try:
-            sock.settimeout(HEAD_TIMEOUT_S)  # the TLS handshake included
+            sock.settimeout(HEAD_TIMEOUT_S)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.tls is not None:
-                sock = self.tls.wrap_socket(raw, server_side=True)
-            with sock.makefile("rb") as reader:
-                while True:
-                    sock.settimeout(HEAD_TIMEOUT_S)  # an idle or slow client gives its slot back soon
-                    if (req := _Request.read(reader)) is None:
-                        break
-                    sock.settimeout(IO_TIMEOUT_S)
-                    if not self._answer(sock, req):
-                        break
+            with _Deadline(sock, HEAD_TIMEOUT_S) as deadline:  # the TLS handshake and the first head
+                if self.tls is not None:
+                    sock = deadline.sock = self.tls.wrap_socket(raw, server_side=True,
+                                                                do_handshake_on_connect=False)
+                    sock.do_handshake()
+                with sock.makefile("rb") as reader:
+                    while True:
+                        sock.settimeout(HEAD_TIMEOUT_S)  # an idle or slow client gives its slot back soon
+                        deadline.arm(HEAD_TIMEOUT_S)
+                        req = _Request.read(reader)
+                        if not deadline.disarm() or req is None:
+                            break
+                        sock.settimeout(IO_TIMEOUT_S)
+                        if not self._answer(sock, req):
+                            break
         except (OSError, ValueError) as exc:
             log.debug("blob connection ended: %s", exc)
         finally:
@@ -188,6 +195,47 @@ class BlobServer:
             sock.sendall(buf[:n])
             sent += n
         return sent
+
+
+class _Deadline:
+    """The whole time a client has to send a request head (and, for the first, the TLS handshake).
+
+    A socket timeout bounds each read only: a client dripping a byte just inside it (slowloris) would keep
+    its slot for ever. Past the deadline a timer thread shuts the socket down, which ends the read under
+    way; :meth:`disarm` then says the head came too late.
+    """
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self.sock = sock  # the socket to shut down (the TLS one once wrapped)
+        self._timer: threading.Timer | None = None
+        self._expired = threading.Event()
+        self.arm(seconds)
+
+    def arm(self, seconds: float) -> None:
+        """(Re)start the deadline ``seconds`` from now."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def disarm(self) -> bool:
+        """Stop the deadline; False when it had passed (the connection is to be closed)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        return not self._expired.is_set()
+
+    def _expire(self) -> None:
+        self._expired.set()
+        with contextlib.suppress(OSError):  # the socket layer's shutdown, under TLS too (not SSLSocket's)
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+
+    def __enter__(self) -> _Deadline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.disarm()
 
 
 class _Request:

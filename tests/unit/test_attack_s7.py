@@ -1,0 +1,73 @@
+"""Session 7's attack findings, each a test that failed before its fix (brief s7/a_attack).
+
+- The blob server (llmman.api.blobserver) bounded each read of a request head by HEAD_TIMEOUT_S, not the
+  whole head: a client dripping one byte at a time (slowloris) kept its slot, and 64 of them every slot.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmman.api import blobserver
+from llmman.api.blobserver import BlobServer
+from llmman.store import Store
+
+HEAD_S = 0.5  # the head timeout the tests run the blob server with
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BlobServer]:
+    monkeypatch.setattr(blobserver, "HEAD_TIMEOUT_S", HEAD_S)
+    s = BlobServer(Store(tmp_path / "store"), "127.0.0.1")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """True when the other end closed ``sock`` (EOF or a reset), without blocking."""
+    if not select.select([sock], [], [], 0)[0]:
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def test_a_request_head_dripped_byte_by_byte_loses_its_slot(server: BlobServer) -> None:
+    """The head has HEAD_TIMEOUT_S in all, however it trickles in: a byte every fifth of it, for twelve
+    times that long, must see the server close the connection (before the fix it stayed open to the end)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(b"GET /blobs/sha256:00 HTTP/1.1\r\nX-Slow: ")
+        closed = False
+        for _ in range(60):  # the attacker's pace, not a synchronisation
+            time.sleep(HEAD_S / 5)
+            if _closed_by_peer(sock):
+                closed = True
+                break
+            try:
+                sock.sendall(b"a")
+            except OSError:
+                closed = True
+                break
+        assert closed, "a client dripping its request head kept its blob-server slot"
+
+
+def test_a_prompt_client_on_a_kept_alive_connection_is_served(server: BlobServer) -> None:
+    """The bound is per request head: a client that sends its heads at once is answered each time."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        for _ in range(3):
+            sock.sendall(b"HEAD /blobs/sha256:00?e=1&s=x HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                chunk = sock.recv(4096)
+                assert chunk, answer
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 403 "), answer
