@@ -71,6 +71,7 @@ def addresses(bind: str, reach: str) -> tuple[str, str]:
                           status=503, code="rpc_ipv6")
     return bind, bind
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL for a worker
+MAX_WORKERS = 32  # workers lent at once, those still starting included (503 rpc_workers_exhausted past it)
 LOGS_KEPT = 16  # logs of workers no longer running kept (rpc-<id>.log and its rotations), newest first
 
 
@@ -172,6 +173,7 @@ class Lending:
         self._workers: dict[str, LentWorker] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._starting = 0  # lends making their reservation, not yet in the table (MAX_WORKERS)
 
     @property
     def serve(self) -> bool:
@@ -199,7 +201,8 @@ class Lending:
 
         Raises:
             RpcDisabled: ``rpc.serve`` is off (403).
-            LlmmanError: 503 ``draining`` while the node drains (llmman.sched.scheduler.Scheduler.drain).
+            LlmmanError: 503 ``draining`` while the node drains (llmman.sched.scheduler.Scheduler.drain);
+                503 ``rpc_workers_exhausted`` with :data:`MAX_WORKERS` lent or starting already.
             RunnerError: no ggml-rpc-server (503), or it would not start (500, its last lines quoted).
             LlmmanError: 507 ``insufficient_memory`` (llmman.sched.scheduler.Scheduler.reserve); 503 when
                 the daemon shuts down.
@@ -212,8 +215,16 @@ class Lending:
                               code="draining")
         listen, advertised = addresses(self.options.bind, reach)
         binary = self._find_binary()
+        if len(self._workers) + self._starting >= MAX_WORKERS:
+            raise LlmmanError(f"this node lends at most {MAX_WORKERS} RPC workers at once and lends "
+                              f"{len(self._workers) + self._starting} now", status=503,
+                              code="rpc_workers_exhausted")
         prune_logs(self.options.logs_dir, set(self._workers))
-        await self._scheduler.reserve(memory)
+        self._starting += 1  # counted while its reservation is made, then in the table (no await between)
+        try:
+            await self._scheduler.reserve(memory)
+        finally:
+            self._starting -= 1
         worker_id = secrets.token_hex(8)
         try:
             port = self._port(listen)
