@@ -4,11 +4,14 @@
   each a process with a thread per CPU (40 such leases: 40 processes, 216 MiB resident for 40 bytes
   reserved). A node now lends at most llmman.sched.lending.MAX_WORKERS at once (503
   ``rpc_workers_exhausted`` past that), counted with the leases still starting.
+- With ``rpc.ports``, concurrent leases took the same port (a starting worker held none yet): the second
+  worker failed to bind, passed as ready on the first one's port, and two peers shared one worker.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +19,28 @@ import httpx
 import pytest
 
 from llmman.sched.lending import MAX_WORKERS
-from tests.integration.daemons import Daemon, wait_until
+from tests.integration.daemons import Daemon, free_port, wait_until
 from tests.integration.test_rpc_workers import WORKERS, lend, lending_daemon, node, rpc_children
 
 pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(300)]
+
+
+def free_range(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports that all bind now."""
+    for _ in range(100):
+        first = free_port()
+        if first + count <= 65535 and all(_bindable(p) for p in range(first, first + count)):
+            return first
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @pytest.fixture
@@ -54,3 +75,21 @@ def test_a_node_lends_a_bounded_number_of_workers_even_to_concurrent_leases(lend
         assert httpx.delete(f"{lender.url}{WORKERS}/{worker_id}", timeout=30).json() == {"stopped": True}
     assert node(lender)["rpc"] == {"serve": True, "reserved": 0, "workers": 0}
     wait_until(lambda: not rpc_children(lender), "every worker reaped")
+
+
+def test_concurrent_leases_on_rpc_ports_get_a_port_each(tmp_path: Path, model_file: Path) -> None:
+    """With ``rpc.ports``, leases made at once each get their own port: a worker still starting held none,
+    so two took the same one, the second was taken as ready because the first one's port accepted (two
+    peers' llama-servers then share one ggml-rpc-server) and a ghost held its reservation."""
+    count = 4
+    first = free_range(count)
+    d = lending_daemon(tmp_path, model_file, LLMMAN_RPC_PORTS=f"{first}-{first + count - 1}")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(count) as pool:
+            answers = list(pool.map(lambda i: lend(d, 1 << 20, owner=f"peer-{i}"), range(count)))
+        assert all(r.status_code == 201 for r in answers), [r.text for r in answers]
+        endpoints = sorted(r.json()["endpoint"] for r in answers)
+        assert endpoints == [f"127.0.0.1:{p}" for p in range(first, first + count)]
+        assert len(rpc_children(d)) == count
+    finally:
+        d.stop()

@@ -110,7 +110,9 @@ class RpcWorker:
 
     @property
     def port(self) -> int | None:
-        return self._child.port if self._child else None
+        """The port it listens on, or was given (``port``) before it is spawned; None = not chosen yet.
+        A fixed port is known at once, so a lender starting several workers never gives one twice."""
+        return self._child.port if self._child else self._fixed_port
 
     @property
     def returncode(self) -> int | None:
