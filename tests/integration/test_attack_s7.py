@@ -6,12 +6,15 @@
   ``rpc_workers_exhausted`` past that), counted with the leases still starting.
 - With ``rpc.ports``, concurrent leases took the same port (a starting worker held none yet): the second
   worker failed to bind, passed as ready on the first one's port, and two peers shared one worker.
+- The same between two daemons on one host sharing ``rpc.ports``: a worker is ready only once its own
+  process listens on its port (llmman.runner.rpc_worker), not when another's server accepts there.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import pytest
 
 from llmman.sched.lending import MAX_WORKERS
 from tests.integration.daemons import Daemon, free_port, wait_until
-from tests.integration.test_rpc_workers import WORKERS, lend, lending_daemon, node, rpc_children
+from tests.integration.test_rpc_workers import WORKERS, lend, lending_daemon, node, rpc_children, worker_pid
 
 pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -93,3 +96,35 @@ def test_concurrent_leases_on_rpc_ports_get_a_port_each(tmp_path: Path, model_fi
         assert len(rpc_children(d)) == count
     finally:
         d.stop()
+
+
+def test_two_lenders_on_one_host_sharing_rpc_ports_never_hand_out_each_others_workers(
+        tmp_path: Path, model_file: Path) -> None:
+    """Two daemons on one host with the same ``rpc.ports`` both find a port free and start a worker on it
+    at once; one binds it. The other's worker failed to, yet its port accepted (the first one's server):
+    it was answered 201 with an endpoint that was another node's worker (5 rounds in 8 before the fix).
+    Each 201 must name a worker of the daemon that answered it."""
+    first = free_range(2)
+    ports = f"{first}-{first + 1}"
+    a = lending_daemon(tmp_path / "a", model_file, LLMMAN_RPC_PORTS=ports)
+    b = lending_daemon(tmp_path / "b", model_file, LLMMAN_RPC_PORTS=ports)
+    barrier = threading.Barrier(2)  # the two leases of a round at once (a barrier resets after each)
+
+    def both(d: Daemon) -> tuple[Daemon, httpx.Response]:
+        barrier.wait()
+        return d, lend(d, 1 << 20)
+
+    try:
+        for _ in range(8):
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                answers = list(pool.map(both, (a, b)))
+            for d, r in answers:
+                if r.status_code == 201:
+                    port = int(r.json()["endpoint"].rsplit(":", 1)[1])
+                    assert worker_pid(port) in {k.pid for k in rpc_children(d)}, "another node's worker"
+            for d, r in answers:
+                if r.status_code == 201:
+                    httpx.delete(f"{d.url}{WORKERS}/{r.json()['id']}", timeout=30).raise_for_status()
+    finally:
+        a.stop()
+        b.stop()

@@ -10,7 +10,8 @@ operator's (docs/split.md, "Security").
 llama-server: spawned in its own process group and killed with the daemon even by SIGKILL
 (llmman.runner.orphans, through llmman.runner.child.spawn), its output read continuously into
 ``<logs_dir>/rpc-<id>.log`` (llmman.runner.logs.ChildLog, rotated like the others), ready once its port
-accepts a TCP connection (the server prints its endpoint before it binds, so a line is no proof), an
+accepts a TCP connection and the process itself listens there (the server prints its endpoint before it
+binds, so a line is no proof; another process's server may hold the port), an
 ``exited`` event set however it ends, and one stop path (SIGTERM, grace, SIGKILL). A connection that is
 opened and closed at once is harmless to the server: it logs ``Accepted client connection`` and
 ``Client connection closed`` and goes on accepting.
@@ -25,6 +26,8 @@ import shutil
 import signal
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+import psutil
 
 from llmman.errors import RunnerError
 from llmman.runner.binary import free_port
@@ -204,7 +207,8 @@ class RpcWorker:
         while not child.done.is_set():
             if self._stopping:
                 raise RunnerError("ggml-rpc-server was stopped while starting")
-            if await _accepts(target, child.port, within=min(1.0, max(0.05, deadline - loop.time()))):
+            if await _accepts(target, child.port, within=min(1.0, max(0.05, deadline - loop.time()))) \
+                    and _listens(child.proc.pid, child.port):  # not another process's server on the port
                 return True
             if loop.time() >= deadline:
                 raise RunnerError(f"ggml-rpc-server did not accept connections on "
@@ -299,6 +303,18 @@ async def _accepts(host: str, port: int, *, within: float) -> bool:
     except OSError:
         pass
     return True
+
+
+def _listens(pid: int, port: int) -> bool:
+    """True when process ``pid`` itself listens on TCP ``port``. A port that accepts may be another
+    process's: two lenders on one host with the same ``rpc.ports`` both find it free, one binds it, and the
+    other's worker, which failed to, must not pass as ready on it (its peer would share another's worker)."""
+    try:
+        proc = psutil.Process(pid)
+        conns = proc.net_connections("tcp") if hasattr(proc, "net_connections") else proc.connections("tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 
 def _nothing() -> None:
