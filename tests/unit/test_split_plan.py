@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from llmman.api.inference import moves_on, refused
 from llmman.cluster.placement import LOCAL, ModelLoad, NodeView
 from llmman.cluster.split import Costs, costs_of, needs_split, plan_split
 from llmman.errors import LlmmanError
@@ -133,7 +134,16 @@ def test_pool_too_small_is_507_naming_what_is_missing() -> None:
 def test_head_must_fit_this_node() -> None:
     with pytest.raises(LlmmanError) as caught:
         plan_split("m:1", COSTS, node(LOCAL, 90 * MB), [node("b:1", 5000 * MB)])
-    assert caught.value.status == 507 and "keeps the embeddings" in caught.value.message
+    # this node's own shortfall: 500, so the request moves on to a node that may hold the head
+    assert caught.value.status == 500 and "keeps the embeddings" in caught.value.message
+    assert moves_on(caught.value)
+
+
+def test_a_pool_too_small_is_507_and_stays_on_this_node() -> None:
+    with pytest.raises(LlmmanError) as caught:
+        plan_split("m:1", COSTS, node(LOCAL, 110 * MB), [node("b:1", 30 * MB)])
+    assert caught.value.status == 507 and "it still lacks" in caught.value.message
+    assert not moves_on(caught.value) and not refused(507) and refused(500)
 
 
 # -- a real model ----------------------------------------------------------------------------------

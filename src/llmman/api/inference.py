@@ -92,19 +92,21 @@ def moves_on(exc: LlmmanError) -> bool:
     """True when this node failed to serve a request before its first byte in a way another node may
     not: the model would not load (a :class:`RunnerError`, ``insufficient_memory``) or this node cannot
     take it now (a 503: queue full, cooling down after a failed load, shutting down). A 4xx is the
-    client's own error, and a request refused because it crashed the model before would crash the next
-    node's too."""
+    client's own error, a request refused because it crashed the model before would crash the next
+    node's too, and a 507 says the whole pool lacks the memory (a split planned over every node,
+    llmman.cluster.split.plan_split): another node would only copy the model to say the same."""
     if isinstance(exc, RunnerError):
         return True
-    if exc.code == "request_crashed_model":
+    if exc.code == "request_crashed_model" or exc.status == 507:
         return False
     return exc.status == 503 or exc.code == "insufficient_memory"
 
 
 def refused(status: int) -> bool:
-    """True for a peer's answer that is its own failure, not the client's: 429, any 5xx, and 401 (it
-    does not accept our peer key; the client's key is never sent)."""
-    return status in (401, 429) or status >= 500
+    """True for a peer's answer that is its own failure, not the client's: 429, any 5xx but 507 (the whole
+    pool lacks the memory: see :func:`moves_on`), and 401 (it does not accept our peer key; the client's
+    key is never sent)."""
+    return status in (401, 429) or (status >= 500 and status != 507)
 
 
 async def run(request: Request, call: Call) -> Response:

@@ -16,7 +16,6 @@ their real status; after it, one ``{"error": ...}`` line ends the stream.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from functools import partial
 
 import orjson
@@ -46,15 +45,14 @@ from llmman.protocol.ollama.request import (
     with_default_think,
 )
 from llmman.protocol.ollama.stream import OllamaStream, load_response
+from llmman.protocol.ollama.timestamps import CreatedAt
 from llmman.protocol.ollama.truncate import REFUSAL, overflow
 from llmman.protocol.openai.shapes import client_fault
 
 NDJSON = "application/x-ndjson"
 
 
-def created_at() -> str:
-    """Now as RFC 3339 UTC with ``Z`` and microseconds, Ollama's ``created_at``."""
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+created_at = CreatedAt()  # Ollama's created_at, formatted once a millisecond (protocol/ollama/timestamps.py)
 
 
 def json_response(obj: object, status: int = 200) -> Response:

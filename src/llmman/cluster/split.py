@@ -313,7 +313,8 @@ def _plan(reference: str, costs: Costs, local: NodeView, peers: Sequence[NodeVie
             f"model {reference} needs {format_bytes(costs.total)}, more than any node has, and cannot be "
             f"split from this node: it keeps the embeddings and buffers, {format_bytes(costs.head)}, but has "
             f"{format_bytes(local_room)} for them, idle models unloaded: it lacks "
-            f"{format_bytes(costs.head - local_room)}", status=507, code="insufficient_memory")
+            f"{format_bytes(costs.head - local_room)}", status=500, code="insufficient_memory")
+        # 500, not 507: this node's own shortfall (another node may hold the head), as admission's
     lenders = sorted((p for p in peers if p.lends and not p.draining and not p.is_local
                       and _room(p, whole, evict) > costs.compute),
                      key=lambda p: (-_room(p, whole, evict), p.name))
@@ -322,12 +323,16 @@ def _plan(reference: str, costs: Costs, local: NodeView, peers: Sequence[NodeVie
     avail = [*avail, local_room - costs.head] if gpus else [local_room - costs.head, *avail]
     counts = _assign(costs.layers, avail)
     if counts is None:
-        layers = sum(costs.layers)
-        missing = max(1, layers - sum(avail))
+        missing = sum(costs.layers) - sum(avail)
+        largest = format_bytes(max(costs.layers))
+        short = f"it still lacks {format_bytes(missing)}" if missing > 0 else \
+            f"the room is there in all but not in whole layers (the largest needs {largest})"
+        # 507: the whole pool lacks the memory, which no other node would find otherwise (it does not move
+        # on to the peers: api/inference.moves_on)
         raise LlmmanError(
             f"model {reference} needs {format_bytes(costs.total)}, more than any node has; "
             f"split over this node and {len(lenders)} peer(s) lending RPC workers, idle models unloaded, "
-            f"it still lacks {format_bytes(missing)}", status=507, code="insufficient_memory")
+            f"{short}", status=507, code="insufficient_memory")
     own, theirs = (counts[-1], counts[:-1]) if gpus else (counts[0], counts[1:])
     start = 0 if gpus else own
     workers = []
