@@ -94,8 +94,14 @@ fi
 
 # llama-server: scripts/build-llama-server.sh, the recipe the Containerfile runs too (nothing to do once built;
 # LLAMA_CUDA=1 for an NVIDIA build, LLAMA_CPP_BUILD_JOBS for more compile jobs).
+# A llama-server of your own (LLMMAN_LLAMA_SERVER, executable) skips the build for `make serve`; the tests
+# always use the pinned build (their daemons ignore the caller's LLMMAN_* variables).
 if [ "$WANT_VENV_ONLY" = 0 ]; then
-  scripts/build-llama-server.sh "$VENV/bin/python" "$VENV/llama-server-build.log"
+  if [ "$WANT_TEST" = 0 ] && [ -n "${LLMMAN_LLAMA_SERVER:-}" ] && [ -x "$LLMMAN_LLAMA_SERVER" ]; then
+    say "using LLMMAN_LLAMA_SERVER=$LLMMAN_LLAMA_SERVER: no llama-server build"
+  else
+    scripts/build-llama-server.sh "$VENV/bin/python" "$VENV/llama-server-build.log"
+  fi
 fi
 
 if [ "$WANT_MODEL" = 1 ]; then
