@@ -23,7 +23,7 @@ import aiohttp
 from llmman.cluster.copy import PullSource, copy_from_peer
 from llmman.cluster.lenders import lease_workers
 from llmman.cluster.peers import Peers, local_view
-from llmman.cluster.placement import NodeView
+from llmman.cluster.placement import LOCAL, NodeView
 from llmman.cluster.source import NODE_ID
 from llmman.cluster.split import ALWAYS, NEVER, costs_of, needs_split, on_gpus, plan_split
 from llmman.config.presets import Preset, by_reference
@@ -475,7 +475,8 @@ class Gateway:
         leases = await lease_workers(self.peers.session, self.peers.headers(), split.workers, owner=NODE_ID,
                                      model=plan.reference, ended=ended)
         split_fields = Split(leases.endpoints, split.n_gpu_layers, split.tensor_split,
-                             tuple((s.node, s.memory) for s in split.shares),
+                             # /api/ps names each share by its node.name, as llmman nodes does
+                             tuple((s.node if s.node == LOCAL else s.label, s.memory) for s in split.shares),
                              workers=leases, local_slots=split.local_slots)
         where = zip(split.workers, leases.endpoints, strict=True)
         log.info("splitting %s: this node %d layer(s) on its %s, %s", plan.reference, split.local.layers,

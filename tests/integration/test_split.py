@@ -184,7 +184,7 @@ def test_split_answers_every_dialect_on_every_node(pool: Pool) -> None:
     assert pool.rpc_workers() == 2
     entry = split_entry(pool.alpha)
     names = [part["node"] for part in entry["split"]]
-    assert names[0] == "alpha" and len(set(names)) == 3
+    assert names[0] == "alpha" and set(names[1:]) == {"bravo", "charlie"}  # node names, as llmman nodes
     assert all(part["size"] > 0 for part in entry["split"])
     assert entry["size"] == sum(part["size"] for part in entry["split"])
     # this node's loaded holds its own share only; the lenders count their workers as reserved
