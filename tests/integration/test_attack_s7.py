@@ -8,22 +8,31 @@
   worker failed to bind, passed as ready on the first one's port, and two peers shared one worker.
 - The same between two daemons on one host sharing ``rpc.ports``: a worker is ready only once its own
   process listens on its port (llmman.runner.rpc_worker), not when another's server accepts there.
+- A worker stopped under a split's stream (SIGSTOP; a frozen cgroup) kept its lease: its daemon renewed it,
+  the owner's llama-server waited on it for ever and the stream hung with no byte and no error (200 s
+  measured before the client gave up). Its renewal now answers 404 and the stream ends with the dialect's
+  in-band error; the whole lender stopped (daemon and worker) already ended it within a lease.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import signal
 import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from llmman.sched.lending import MAX_WORKERS
 from tests.integration.daemons import Daemon, free_port, wait_until
 from tests.integration.test_rpc_workers import WORKERS, lend, lending_daemon, node, rpc_children, worker_pid
+from tests.integration.test_split import GEMMA, GEMMA_REF, Pool, ask, gemma, pool, ps  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -57,8 +66,8 @@ def lender(tmp_path: Path, model_file: Path) -> Iterator[Daemon]:
 
 def test_a_node_lends_a_bounded_number_of_workers_even_to_concurrent_leases(lender: Daemon) -> None:
     extra = 6
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda i: lend(lender, 1, owner=f"peer-{i}"), range(MAX_WORKERS + extra)))
+    with concurrent.futures.ThreadPoolExecutor(8) as executor:
+        answers = list(executor.map(lambda i: lend(lender, 1, owner=f"peer-{i}"), range(MAX_WORKERS + extra)))
     lent = [r.json()["id"] for r in answers if r.status_code == 201]
     refused = [r for r in answers if r.status_code != 201]
     assert len(lent) == MAX_WORKERS, [r.text for r in refused]
@@ -88,8 +97,8 @@ def test_concurrent_leases_on_rpc_ports_get_a_port_each(tmp_path: Path, model_fi
     first = free_range(count)
     d = lending_daemon(tmp_path, model_file, LLMMAN_RPC_PORTS=f"{first}-{first + count - 1}")
     try:
-        with concurrent.futures.ThreadPoolExecutor(count) as pool:
-            answers = list(pool.map(lambda i: lend(d, 1 << 20, owner=f"peer-{i}"), range(count)))
+        with concurrent.futures.ThreadPoolExecutor(count) as executor:
+            answers = list(executor.map(lambda i: lend(d, 1 << 20, owner=f"peer-{i}"), range(count)))
         assert all(r.status_code == 201 for r in answers), [r.text for r in answers]
         endpoints = sorted(r.json()["endpoint"] for r in answers)
         assert endpoints == [f"127.0.0.1:{p}" for p in range(first, first + count)]
@@ -116,8 +125,8 @@ def test_two_lenders_on_one_host_sharing_rpc_ports_never_hand_out_each_others_wo
 
     try:
         for _ in range(8):
-            with concurrent.futures.ThreadPoolExecutor(2) as pool:
-                answers = list(pool.map(both, (a, b)))
+            with concurrent.futures.ThreadPoolExecutor(2) as executor:
+                answers = list(executor.map(both, (a, b)))
             for d, r in answers:
                 if r.status_code == 201:
                     port = int(r.json()["endpoint"].rsplit(":", 1)[1])
@@ -128,3 +137,38 @@ def test_two_lenders_on_one_host_sharing_rpc_ports_never_hand_out_each_others_wo
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.parametrize("what", ["worker", "lender"])
+def test_a_stopped_worker_or_lender_ends_the_split_stream_with_an_error(pool: Pool, what: str) -> None:  # noqa: F811
+    """SIGSTOP under a split's stream, of the worker alone or of its whole lender (daemon and worker): the
+    stream ends with Ollama's in-band error (the client's 60 s read timeout is the bound: without the fix
+    the worker case sent nothing more, ever), the split is gone and its memory back on every lender."""
+    assert ask(pool.alpha, "/api/chat")
+    body = {"model": GEMMA, "prompt": "Count from 1 to 1000: 1, 2, 3,", "raw": True,
+            "options": {"num_predict": 3000, "temperature": 0}}
+    lines: list[dict[str, Any]] = []
+    frozen: list[psutil.Process] = []
+    try:
+        with httpx.stream("POST", pool.alpha.url + "/api/generate", json=body,
+                          timeout=httpx.Timeout(30, read=60)) as r:
+            assert r.status_code == 200
+            for raw in r.iter_lines():
+                if not raw:
+                    continue
+                lines.append(json.loads(raw))
+                if len(lines) == 3:  # tokens are flowing
+                    frozen = rpc_children(pool.bravo)
+                    if what == "lender":
+                        frozen.insert(0, psutil.Process(pool.bravo.process.pid))
+                    for p in frozen:
+                        p.send_signal(signal.SIGSTOP)
+        assert frozen and len(lines) > 3
+        assert "error" in lines[-1] and not lines[-1].get("done"), lines[-1]
+    finally:
+        for p in frozen:
+            p.send_signal(signal.SIGCONT)
+    wait_until(lambda: not [m for m in ps(pool.alpha) if m["name"] == GEMMA_REF], "the split to end")
+    for lender in (pool.bravo, pool.charlie):
+        wait_until(lambda d=lender: node(d)["rpc"]["reserved"] == 0, "the lenders' memory back")
+    wait_until(lambda: pool.rpc_workers() == 0, "every worker reaped")

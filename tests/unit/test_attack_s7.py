@@ -2,20 +2,28 @@
 
 - The blob server (llmman.api.blobserver) bounded each read of a request head by HEAD_TIMEOUT_S, not the
   whole head: a client dripping one byte at a time (slowloris) kept its slot, and 64 of them every slot.
+- A lent worker that was stopped (SIGSTOP, a frozen cgroup) still had its lease renewed: its process
+  existed, so its owner's llama-server waited on it for ever and the stream under it hung with no error.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import select
+import signal
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.unit.test_rpc_lending import Node, until
+from tests.unit.test_rpc_worker import gone
 
 from llmman.api import blobserver
 from llmman.api.blobserver import BlobServer
+from llmman.sched.lending import WorkerGone
 from llmman.store import Store
 
 HEAD_S = 0.5  # the head timeout the tests run the blob server with
@@ -71,3 +79,31 @@ def test_a_prompt_client_on_a_kept_alive_connection_is_served(server: BlobServer
                 assert chunk, answer
                 answer += chunk
             assert answer.startswith(b"HTTP/1.1 403 "), answer
+
+
+async def test_a_stopped_worker_is_gone_at_its_next_renewal(tmp_path: Path) -> None:
+    """SIGSTOP of a worker: the renewal answers 404 (its owner ends the split: nothing waits on it for ever),
+    the worker is stopped and its memory given back."""
+    node = Node(tmp_path)
+    try:
+        lent = await node.lending.lend("o", "m", 400)
+        pid = lent.worker.pid
+        assert pid is not None and node.lending.renew(lent.id)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await until(lambda: _stopped(pid), "the worker to be stopped")
+            with pytest.raises(WorkerGone):
+                node.lending.renew(lent.id)
+            await asyncio.wait_for(lent.worker.exited.wait(), 30)
+            await until(lambda: node.scheduler.reserved == 0, "its memory to be given back")
+            assert gone(pid) and node.lending.listing() == []
+        finally:
+            if not gone(pid):
+                os.kill(pid, signal.SIGCONT)
+    finally:
+        await node.close()
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")

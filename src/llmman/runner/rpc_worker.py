@@ -128,6 +128,18 @@ class RpcWorker:
         return self.ready.is_set() and not self.exited.is_set()
 
     @property
+    def frozen(self) -> bool:
+        """True when its process exists but is stopped (SIGSTOP, a traced stop; a cgroup freezer's tasks
+        show the same): it answers nothing, and a llama-server using it waits on it for ever."""
+        if self._child is None or self.exited.is_set():
+            return False
+        try:
+            return psutil.Process(self._child.proc.pid).status() in (psutil.STATUS_STOPPED,
+                                                                     psutil.STATUS_TRACING_STOP)
+        except psutil.Error:
+            return False
+
+    @property
     def log_path(self) -> Path:
         return self._log.path
 
