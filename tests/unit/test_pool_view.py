@@ -35,7 +35,7 @@ def test_an_up_peer_shows_its_own_figures_name_and_version() -> None:
         "free": 6 * GB,
         "models": {REF: {"slots": 4, "in_flight": 3, "queued": 1, "loading": False, "draining": False,
                          "size": 2 * GB}},
-        "stored": 2, "forwarded": 2}
+        "stored": 2, "rpc": {"serve": False, "reserved": 0, "workers": 0}, "forwarded": 2}
 
 
 def test_a_draining_or_fallback_node_says_so() -> None:
@@ -106,3 +106,15 @@ def test_the_nodes_table() -> None:
 
 
 STARTS = (0, 21, 40, 76, 93, 145)  # where each column starts: the widest cell plus four spaces
+
+
+def test_a_lending_node_shows_its_workers_in_the_view_and_the_nodes_table() -> None:
+    lender = peer_entry(PeerState(B, Sighting(spark(lends=True, reserved=100_900_000, lent=1, loaded={},
+                                                    models={}), "1", 0, 0), 0.1, None, 0))
+    assert lender["rpc"] == {"serve": True, "reserved": 100_900_000, "workers": 1}
+    assert lender["free"] == 8 * GB - 100_900_000  # lent memory is taken, and now says by what
+    table = nodes_table([lender])
+    assert "1 RPC worker for a split 100.9 MB" in table, table
+    two = lender | {"rpc": {"serve": True, "reserved": 3 * GB, "workers": 2}}
+    assert "2 RPC workers for a split 3.0 GB" in nodes_table([two])
+    assert "RPC" not in nodes_table([peer_entry(PeerState(B, Sighting(spark(), "1", 0, 0), 0.1, None, 0))])

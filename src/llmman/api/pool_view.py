@@ -8,7 +8,8 @@ Document::
                 "fallback": false, "version": "0.1.0", "last_seen": 0.0, "memory": bytes, "free": bytes,
                 "models": {ref: {"slots": n, "in_flight": n, "queued": n, "loading": bool,
                                  "draining": bool, "size": bytes}},
-                "stored": n, "forwarded": n}, ...]}
+                "stored": n, "rpc": {"serve": bool, "reserved": bytes, "workers": n},
+                "forwarded": n}, ...]}
 
 This node comes first (``"self": true``), then the peers in ``aggregation.peers`` order. ``state`` is
 ``up``, ``draining`` (up, taking no new placements) or ``down`` (with ``why``). The figures are the
@@ -62,6 +63,8 @@ def node_entry(view: NodeView | None, *, name: str, address: str, own: bool, ver
                   "draining": m.draining, "size": sizes.get(ref.lower(), 0)}
             for ref, m in live.models.items()},
         "stored": len(live.stored) if live is not None else 0,
+        "rpc": {"serve": live.lends, "reserved": live.reserved, "workers": live.lent}
+        if live is not None else {"serve": False, "reserved": 0, "workers": 0},
         "forwarded": forwarded,
     }
 

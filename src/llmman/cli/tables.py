@@ -248,6 +248,18 @@ def _seen(value: object) -> str:
     return f"{_span(value)} ago"
 
 
+def _lent_cell(rpc: object) -> str:
+    """The RPC workers a node lends to peers' splits (``/llmman/pool``'s ``rpc``), for MODELS: ``RPC worker
+    for a split 100.9 MB`` (``2 RPC workers …``); empty when it lends none."""
+    if not isinstance(rpc, Mapping):
+        return ""
+    workers, reserved = rpc.get("workers"), rpc.get("reserved")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers <= 0:
+        return ""
+    size = format_size(reserved) if isinstance(reserved, int) and not isinstance(reserved, bool) else "?"
+    return f"{workers} RPC worker{'s' if workers > 1 else ''} for a split {size}"
+
+
 def _models_cell(models: object) -> str:
     """MODELS: ``REF in_flight/slots[, N queued][, loading][, draining]`` per loaded model, ``; `` between."""
     if not isinstance(models, Mapping):
@@ -289,7 +301,7 @@ def nodes_table(nodes: Sequence[Mapping[str, Any]]) -> str:
             str(n.get("address") or ""),
             state,
             used,
-            _models_cell(n.get("models")),
+            "; ".join(c for c in (_models_cell(n.get("models")), _lent_cell(n.get("rpc"))) if c),
             _seen(n.get("last_seen")),
         ])
     return render_table(["NODE", "ADDRESS", "STATE", "MEMORY", "MODELS", "LAST SEEN"], rows)

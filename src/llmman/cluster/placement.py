@@ -77,6 +77,7 @@ class NodeView:
         reserved: bytes held by ``ggml-rpc-server`` workers this node runs for peers' split models
             (``rpc.reserved``; docs/split.md): taken like a loaded model's.
         lends: the node starts RPC workers for peers (``rpc.serve``).
+        lent: how many RPC workers it runs for peers now (``rpc.workers``).
     """
 
     name: str
@@ -90,6 +91,7 @@ class NodeView:
     models: Mapping[str, ModelLoad] = field(default_factory=dict)
     reserved: int = 0
     lends: bool = False
+    lent: int = 0
 
     @property
     def draining(self) -> bool:

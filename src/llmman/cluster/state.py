@@ -162,7 +162,8 @@ def parse_node(name: str, url: str, doc: object) -> NodeView | None:
     rpc = rpc if isinstance(rpc, dict) else {}
     return NodeView(name, _figure(memory), loaded, stored, url, node=node if isinstance(node, str) else "",
                     state=state, fallback=doc.get("fallback") is True, models=_models(doc.get("models")),
-                    reserved=_count(rpc, "reserved"), lends=rpc.get("serve") is True)
+                    reserved=_count(rpc, "reserved"), lends=rpc.get("serve") is True,
+                    lent=_count(rpc, "workers"))
 
 
 #: At most this many transfers are read from a peer's document, each string clipped to TEXT_MAX.
