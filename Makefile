@@ -1,5 +1,5 @@
 # The two commands of the README. Each does all of its own set-up (scripts/setup.sh) and is idempotent.
-.PHONY: serve test lint unit bench bench-pool bench-obs bench-scale setup setup-test setup-venv bench-gpu bench-transfer bench-split
+.PHONY: serve test lint unit bench bench-pool bench-obs bench-scale setup setup-test setup-venv bench-gpu bench-transfer bench-split bench-relay
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -55,6 +55,10 @@ bench-scale: setup-venv
 # /v2/ blob copies against nginx and pulls against curl (needs nginx: apt-get install nginx-light).
 bench-transfer: setup-venv
 	$(BIN)/python bench/bench_transfer.py --rounds 5 --tls
+
+# The daemon's CPU per token relayed (passthrough, Ollama translation, hop), one event per read (docs/performance.md).
+bench-relay: setup-venv
+	$(BIN)/python bench/bench_relay_cost.py
 
 # One model split over llama.cpp RPC workers against the same model on one node (docs/split.md "Measured").
 bench-split: setup-test
