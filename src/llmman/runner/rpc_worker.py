@@ -68,6 +68,11 @@ def endpoint(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+class PortTaken(RunnerError):
+    """The fixed port given to the worker was taken when it tried to bind it (another process got it
+    first): its lender may try another port (llmman.sched.lending, ``rpc.ports``)."""
+
+
 class RpcWorker:
     """One ``ggml-rpc-server`` on ``host`` (a free port, or ``port``), started once.
 
@@ -171,7 +176,9 @@ class RpcWorker:
                 child = await self._spawn(port)
                 if await self._await_ready(child):
                     break
-                if attempt == 2 or self._fixed_port is not None or self._stopping:
+                if self._fixed_port is not None and not self._stopping:
+                    raise PortTaken(str(self._exit_error(child)))
+                if attempt == 2 or self._stopping:
                     raise self._exit_error(child)
                 self._log.note(f"port {port} was taken; retrying on another port")
         except BaseException as exc:

@@ -37,7 +37,7 @@ from typing import Any
 
 from llmman.errors import LlmmanError, NotFound
 from llmman.runner.logfiles import BACKUPS, MAX_BYTES
-from llmman.runner.rpc_worker import RpcWorker, rpc_env
+from llmman.runner.rpc_worker import PortTaken, RpcWorker, rpc_env
 from llmman.sched.scheduler import Scheduler
 from llmman.sizes import format_bytes
 
@@ -226,34 +226,42 @@ class Lending:
         finally:
             self._starting -= 1
         worker_id = secrets.token_hex(8)
-        try:
-            port = self._port(listen)
-        except LlmmanError:
-            self._scheduler.unreserve(memory)
-            raise
-        worker = RpcWorker(binary, host=listen, threads=self.options.threads, port=port,
-                           cache=self.options.cache, env=self._env,
-                           log_path=self.options.logs_dir / f"rpc-{worker_id}.log",
-                           on_exit=lambda w: self._exited(worker_id), log_limits=self.options.log_limits)
-        lent = LentWorker(worker_id, owner, model, memory, worker)
-        self._workers[worker_id] = lent  # from now on close() stops it too
-        try:
-            self._check_open()
-            await worker.start()
-            self._check_open()
-        except BaseException:
-            if self._workers.pop(worker_id, None) is lent:
-                await asyncio.shield(self._end(lent))
-            raise
+        taken: set[int] = set()  # ports of rpc.ports another process bound first
+        while True:
+            try:
+                port = self._port(listen, taken)
+            except LlmmanError:
+                self._scheduler.unreserve(memory)
+                raise
+            worker = RpcWorker(binary, host=listen, threads=self.options.threads, port=port,
+                               cache=self.options.cache, env=self._env,
+                               log_path=self.options.logs_dir / f"rpc-{worker_id}.log",
+                               on_exit=lambda w: self._exited(worker_id), log_limits=self.options.log_limits)
+            lent = LentWorker(worker_id, owner, model, memory, worker)
+            self._workers[worker_id] = lent  # from now on close() stops it too
+            try:
+                self._check_open()
+                await worker.start()
+                self._check_open()
+                break
+            except PortTaken:
+                if self._workers.pop(worker_id, None) is not lent:
+                    raise  # close() ended it meanwhile (and gave its memory back)
+                assert port is not None  # only a fixed port can be taken
+                taken.add(port)  # the reservation stays: the next port of rpc.ports
+            except BaseException:
+                if self._workers.pop(worker_id, None) is lent:
+                    await asyncio.shield(self._end(lent))
+                raise
         lent.endpoint = worker.endpoint_on(advertised)
         self._arm(lent)
         log.info("lent an RPC worker at %s (%s, pid %s) to %s for %s", lent.endpoint, format_bytes(memory),
                  worker.pid, owner or "a peer", model or "a model")
         return lent
 
-    def _port(self, host: str) -> int | None:
+    def _port(self, host: str, taken: set[int] | None = None) -> int | None:
         """The port for a new worker: None (a free one) without ``rpc.ports``, else the first port of the
-        range that no worker of ours holds and that binds on ``host`` now.
+        range that no worker of ours holds, is not in ``taken`` and binds on ``host`` now.
 
         Raises:
             LlmmanError: 503 ``rpc_ports_exhausted``: every port of ``rpc.ports`` is taken.
@@ -263,7 +271,7 @@ class Lending:
         first, last = self.options.ports
         ours = {w.worker.port for w in self._workers.values()}
         for port in range(first, last + 1):
-            if port not in ours and _bindable(host, port):
+            if port not in ours and port not in (taken or ()) and _bindable(host, port):
                 return port
         raise LlmmanError(f"every port of rpc.ports ({first}-{last}) is taken: this node lends no more RPC "
                           f"workers now", status=503, code="rpc_ports_exhausted")
