@@ -9,7 +9,7 @@
 - The same between two daemons on one host sharing ``rpc.ports``: a worker is ready only once its own
   process listens on its port (llmman.runner.rpc_worker), not when another's server accepts there; and
   the lender whose worker lost the port tries the next one of ``rpc.ports`` instead of answering 500.
-- A worker stopped under a split's stream (SIGSTOP; a frozen cgroup) kept its lease: its daemon renewed it,
+- A worker stopped under a split's stream (SIGSTOP) kept its lease: its daemon renewed it,
   the owner's llama-server waited on it for ever and the stream hung with no byte and no error (200 s
   measured before the client gave up). Its renewal now answers 404 and the stream ends with the dialect's
   in-band error; the whole lender stopped (daemon and worker) already ended it within a lease.

@@ -2,7 +2,7 @@
 
 - The blob server (llmman.api.blobserver) bounded each read of a request head by HEAD_TIMEOUT_S, not the
   whole head: a client dripping one byte at a time (slowloris) kept its slot, and 64 of them every slot.
-- A lent worker that was stopped (SIGSTOP, a frozen cgroup) still had its lease renewed: its process
+- A lent worker that was stopped (SIGSTOP) still had its lease renewed: its process
   existed, so its owner's llama-server waited on it for ever and the stream under it hung with no error.
 """
 

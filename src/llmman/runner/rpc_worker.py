@@ -134,8 +134,9 @@ class RpcWorker:
 
     @property
     def frozen(self) -> bool:
-        """True when its process exists but is stopped (SIGSTOP, a traced stop; a cgroup freezer's tasks
-        show the same): it answers nothing, and a llama-server using it waits on it for ever."""
+        """True when its process exists but is stopped (SIGSTOP, SIGTSTP, a traced stop): it answers
+        nothing, and a llama-server using it waits on it for ever. (A cgroup v2 freezer's tasks are not
+        shown as stopped and are not detected.)"""
         if self._child is None or self.exited.is_set():
             return False
         try:

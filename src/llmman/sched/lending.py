@@ -281,13 +281,13 @@ class Lending:
 
         Raises:
             WorkerGone: no such worker (it exited, expired or was stopped): 404; also for one whose process
-                is stopped (SIGSTOP, frozen), which is then stopped for good and its memory given back.
+                is stopped (SIGSTOP), which is then stopped for good and its memory given back.
         """
         lent = self._workers.get(worker_id)
         if lent is None or not lent.worker.alive:
             raise WorkerGone(worker_id)
         if lent.worker.frozen:  # its owner's llama-server would wait on it for ever: the split must end
-            log.warning("the RPC worker at %s lent to %s is stopped (SIGSTOP or frozen): stopping it",
+            log.warning("the RPC worker at %s lent to %s is stopped (SIGSTOP): stopping it",
                         lent.endpoint, lent.owner or "a peer")
             del self._workers[worker_id]
             self._background(self._end(lent))
