@@ -4,11 +4,13 @@
   whole head: a client dripping one byte at a time (slowloris) kept its slot, and 64 of them every slot.
 - A lent worker that was stopped (SIGSTOP) still had its lease renewed: its process
   existed, so its owner's llama-server waited on it for ever and the stream under it hung with no error.
+- A lease's ``owner`` or ``model`` with control characters (a newline) forged lines in the lender's log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import select
 import signal
@@ -23,6 +25,8 @@ from tests.unit.test_rpc_worker import gone
 
 from llmman.api import blobserver
 from llmman.api.blobserver import BlobServer
+from llmman.api.rpc_routes import worker_request
+from llmman.errors import BadRequest
 from llmman.sched.lending import WorkerGone
 from llmman.store import Store
 
@@ -107,3 +111,13 @@ async def test_a_stopped_worker_is_gone_at_its_next_renewal(tmp_path: Path) -> N
 def _stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+@pytest.mark.parametrize("key", ["owner", "model"])
+def test_a_lease_with_control_characters_in_its_names_is_refused(key: str) -> None:
+    """``owner`` and ``model`` go into the lender's log lines and listing: a newline in them forged log
+    lines (``lent an RPC worker ... to a\\nERROR ...``)."""
+    with pytest.raises(BadRequest):
+        worker_request(json.dumps({"memory": 1, key: "peer\nERROR llmman: forged"}).encode())
+    assert getattr(worker_request(json.dumps({"memory": 1, key: "docker.io/ai/gemma3:270m"}).encode()),
+                   key) == "docker.io/ai/gemma3:270m"

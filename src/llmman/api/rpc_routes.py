@@ -47,7 +47,8 @@ def worker_request(raw: bytes) -> WorkerRequest:
 
     Raises:
         BadRequest: not a JSON object, ``memory`` not a positive integer, ``owner`` or ``model`` not a
-            string (both optional, at most :data:`TEXT_MAX` characters).
+            string (both optional, at most :data:`TEXT_MAX` characters, no control characters: they go
+            into the log's lines).
     """
     body = parse_json_body(raw)
     memory = body.get("memory")
@@ -56,8 +57,8 @@ def worker_request(raw: bytes) -> WorkerRequest:
     texts = []
     for key in ("owner", "model"):
         value = body.get(key, "")
-        if not isinstance(value, str) or len(value) > TEXT_MAX:
-            raise BadRequest(f"{key} must be a string of at most {TEXT_MAX} characters")
+        if not isinstance(value, str) or len(value) > TEXT_MAX or not value.isprintable():
+            raise BadRequest(f"{key} must be a string of at most {TEXT_MAX} printable characters")
         texts.append(value)
     return WorkerRequest(texts[0], texts[1], memory)
 
