@@ -69,6 +69,15 @@ async def _exited(runner: Runner, *, within: float) -> bool:
     return True
 
 
+def _broke(reference: str, exc: Exception) -> RunnerError:
+    """The error for a child's answer cut mid-body, in words for the client: what happened, not aiohttp's
+    exception text (``Response payload is not completed: <TransferEncodingError …>``), which is logged."""
+    log.info("llama-server for %s stopped mid-answer: %r", reference, exc)
+    why = "the connection closed before the end" if isinstance(exc, aiohttp.ClientPayloadError) \
+        else "the connection failed"
+    return RunnerError(f"llama-server for {reference} stopped mid-answer ({why}: it crashed or was killed)")
+
+
 class UpstreamExchange:
     """An open request to a llama-server child whose status line has arrived.
 
@@ -105,7 +114,7 @@ class UpstreamExchange:
                 yield chunk
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
             self.lease.broke()
-            raise RunnerError(f"llama-server for {self.lease.reference} stopped mid-answer: {exc}") from exc
+            raise _broke(self.lease.reference, exc) from exc
         finally:
             self.close()
 
@@ -119,7 +128,7 @@ class UpstreamExchange:
             return await self._response.read()
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
             self.lease.broke()
-            raise RunnerError(f"llama-server for {self.lease.reference} stopped mid-answer: {exc}") from exc
+            raise _broke(self.lease.reference, exc) from exc
         finally:
             self.close()
 
