@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -64,6 +64,27 @@ def signal_group(child: Child, sig: signal.Signals) -> None:
         os.killpg(child.proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+async def stop_group(child: Child, grace: float, note: Callable[[str], None]) -> None:
+    """Stop ``child``'s process group: SIGTERM, up to ``grace`` seconds, then SIGKILL; reap it. Whatever
+    happens meanwhile (a cancelled caller too), the group ends: SIGKILL, awaited shielded. ``note`` writes
+    each step to the child's log."""
+    try:
+        if child.proc.returncode is None:
+            signal_group(child, signal.SIGTERM)  # first: nothing before it may keep the child
+            note(f"stopping: SIGTERM, {grace:g} s grace")
+            try:
+                await asyncio.wait_for(child.done.wait(), grace)
+            except TimeoutError:
+                note("still running after the grace period: SIGKILL")
+                signal_group(child, signal.SIGKILL)
+        await child.done.wait()
+        note(f"stopped, exit code {child.proc.returncode}")
+    finally:
+        if not child.done.is_set():
+            signal_group(child, signal.SIGKILL)
+            await asyncio.shield(child.done.wait())
 
 
 def url(host: str, port: int) -> str:

@@ -22,7 +22,16 @@ from pathlib import Path
 from llmman.errors import LoadTimeout, RunnerError
 from llmman.runner.argv import LaunchSpec, build_argv
 from llmman.runner.binary import free_port
-from llmman.runner.child import BindFailed, Child, load_exit_error, poll_health, signal_group, spawn, url
+from llmman.runner.child import (
+    BindFailed,
+    Child,
+    load_exit_error,
+    poll_health,
+    signal_group,
+    spawn,
+    stop_group,
+    url,
+)
 from llmman.runner.crash import Cause, classify
 from llmman.runner.health import WatchdogPolicy, watch
 from llmman.runner.logfiles import BACKUPS, MAX_BYTES
@@ -355,21 +364,9 @@ class LlamaServerProcess:
             self._cancel_health()
             if child is not None:
                 self._state = RunnerState.STOPPING
-                if child.proc.returncode is None:
-                    signal_group(child, signal.SIGTERM)  # first: nothing before it may keep the child
-                    self._log.note(f"stopping: SIGTERM, {grace:g} s grace")
-                    try:
-                        await asyncio.wait_for(child.done.wait(), grace)
-                    except TimeoutError:
-                        self._log.note("still running after the grace period: SIGKILL")
-                        signal_group(child, signal.SIGKILL)
-                await child.done.wait()
-                self._log.note(f"stopped, exit code {child.proc.returncode}")
+                # Whatever fails in it (or a cancelled caller: stop() shields this task), the group ends.
+                await stop_group(child, grace, self._log.note)
         finally:
-            # Whatever failed above (or a cancelled caller: stop() shields this task), the group ends.
-            if child is not None and not child.done.is_set():
-                signal_group(child, signal.SIGKILL)
-                await asyncio.shield(child.done.wait())
             self._state = RunnerState.STOPPED
             self._log.close()
             self.exited.set()

@@ -31,7 +31,7 @@ import psutil
 
 from llmman.errors import RunnerError
 from llmman.runner.binary import free_port
-from llmman.runner.child import Child, signal_group, spawn
+from llmman.runner.child import Child, signal_group, spawn, stop_group
 from llmman.runner.logfiles import BACKUPS, MAX_BYTES
 from llmman.runner.logs import ChildLog
 
@@ -292,20 +292,9 @@ class RpcWorker:
         self._stopping = True
         child = self._child
         try:
-            if child is not None and not child.done.is_set():
-                signal_group(child, signal.SIGTERM)
-                self._log.note(f"stopping: SIGTERM, {grace:g} s grace")
-                try:
-                    await asyncio.wait_for(child.done.wait(), grace)
-                except TimeoutError:
-                    self._log.note("still running after the grace period: SIGKILL")
-                    signal_group(child, signal.SIGKILL)
-                await child.done.wait()
-                self._log.note(f"stopped, exit code {child.proc.returncode}")
+            if child is not None:
+                await stop_group(child, grace, self._log.note)
         finally:
-            if child is not None and not child.done.is_set():
-                signal_group(child, signal.SIGKILL)
-                await asyncio.shield(child.done.wait())
             self._log.close()
             if self.ready.is_set() or child is None:
                 self.exited.set()  # else start() sets it once it has given up
