@@ -409,7 +409,20 @@ class Gateway:
             peers = await self.peers.current(probe=live is not None)  # the freed workers, not old views
             if not needs_split(plan.estimate, [local, *peers], wanted):
                 return plan
-            return await self._plan_split(model, plan, local, peers)
+            try:
+                return await self._plan_split(model, plan, local, peers)
+            except LlmmanError as exc:
+                if exc.status != 503:
+                    raise
+                # A lender that did not lend (gone since the views, or refusing): plan once more over the
+                # peers asked now, which leave out a dead one; the workers lent meanwhile are released.
+                log.info("split of %s: %s; planning again over the peers as they answer now", plan.reference,
+                         exc.message)
+                local = local_view(self.scheduler, self.store)
+                peers = await self.peers.current(probe=True)
+                if not needs_split(plan.estimate, [local, *peers], wanted):
+                    return plan
+                return await self._plan_split(model, plan, local, peers)
 
     def _replans(self, live: ModelPlan, plan: ModelPlan) -> bool:
         """True when the loaded split ``live`` is idle and ``plan`` outgrew it (llmman.sched.plan.outgrown),

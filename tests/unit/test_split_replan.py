@@ -93,11 +93,11 @@ def launcher(started: list[ModelPlan]) -> Callable[[ModelPlan, Callable[[Runner]
 
 
 @contextlib.asynccontextmanager
-async def split_pool(tmp: Path, node: NodeMemory | None = None
+async def split_pool(tmp: Path, node: NodeMemory | None = None, lender: Lender | None = None
                      ) -> AsyncIterator[tuple[Gateway, Lender, list[ModelPlan]]]:
-    """A gateway on this node (``HERE`` bytes, or ``node``'s devices capped to it) with one lending peer;
-    the plans its launcher started."""
-    lender = Lender()
+    """A gateway on this node (``HERE`` bytes, or ``node``'s devices capped to it) with one lending peer
+    (``lender``, else a :class:`Lender`); the plans its launcher started."""
+    lender = lender if lender is not None else Lender()
     site_runner = web.AppRunner(lender.app())
     await site_runner.setup()
     site = web.TCPSite(site_runner, "127.0.0.1", 0)
