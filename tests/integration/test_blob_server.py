@@ -25,7 +25,7 @@ from llmman.api.blobserver import MAX_CONNECTIONS
 from llmman.refs import parse_reference
 from llmman.registry.client import BLOB_REDIRECT
 from llmman.store import Store
-from tests.integration.daemons import Daemon, start_daemon
+from tests.integration.daemons import Daemon, free_port, start_daemon
 from tests.integration.holding_proxy import HoldingProxy
 from tests.integration.test_aggregation_tls import make_pki
 
@@ -209,17 +209,11 @@ def test_tls_daemon_serves_blobs_over_tls_and_keys_stay_required(tmp_path: Path,
         d.stop(signal.SIGTERM)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def test_server_blob_port_fixes_the_port_or_turns_the_server_off(tmp_path: Path, model_file: Path) -> None:
     """``server.blob_port``: a fixed port (to allow through a firewall) is the one the redirect names; one
     that is taken, and ``-1``, answer inline from the main port."""
     digest, size = _store(tmp_path, model_file)
-    fixed = _free_port("127.0.0.45")
+    fixed = free_port("127.0.0.45")
     for blob_port, redirected in ((str(fixed), True), ("-1", False), (str(fixed), False)):
         taken = socket.create_server(("127.0.0.45", fixed)) if blob_port != "-1" and not redirected else None
         d = start_daemon(tmp_path / blob_port.replace("-", "off") / str(redirected), host="127.0.0.45",

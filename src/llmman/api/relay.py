@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 
 import aiohttp
 from starlette.requests import Request
@@ -62,6 +62,23 @@ def stream_answer(exchange: UpstreamExchange, transducer: Transducer, *, media_t
     return StreamAnswer(exchange, transducer, chunks, media_type=media_type, headers=stream_headers(headers))
 
 
+async def _until_disconnected(pump: Coroutine[object, object, None], receive: Receive,
+                              close: Callable[[], object]) -> BaseException | None:
+    """Run ``pump`` (an answer's sending loop) until it ends or the client disconnects, whichever is first;
+    the other is cancelled and ``close`` called in any case. The pump's own exception, or None (it ended, or
+    the disconnect cancelled it)."""
+    task = asyncio.ensure_future(pump)
+    watch = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watch):
+            t.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+        close()
+    return None if task.cancelled() else task.exception()
+
+
 class StreamAnswer(Response):
     """A local child's answer through a transducer, streamed to the client as it comes (an ASGI response).
 
@@ -84,16 +101,7 @@ class StreamAnswer(Response):
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pump = asyncio.ensure_future(self._pump(send))
-        watch = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (pump, watch):
-                task.cancel()
-            await asyncio.gather(pump, watch, return_exceptions=True)
-            self._exchange.close()
-        failed = None if pump.cancelled() else pump.exception()
+        failed = await _until_disconnected(self._pump(send), receive, self._exchange.close)
         if failed is not None:
             raise failed  # a send that failed, as StreamingResponse lets it
 
@@ -151,17 +159,9 @@ class PeerAnswer(Response):
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pump = asyncio.ensure_future(self._pump(send))
-        watch = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (pump, watch):
-                task.cancel()
-            await asyncio.gather(pump, watch, return_exceptions=True)
-            # An answer read to its end has already given its keep-alive connection back to the pool
-            # (aiohttp does at EOF), so this only closes a connection cut short, cancelling the peer's work.
-            self.close()
+        # An answer read to its end has already given its keep-alive connection back to the pool (aiohttp
+        # does at EOF), so close() only closes a connection cut short, cancelling the peer's work.
+        await _until_disconnected(self._pump(send), receive, self.close)
 
     def close(self) -> None:
         """Release the peer's connection and end the forward's accounting (idempotent); for an answer

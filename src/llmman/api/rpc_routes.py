@@ -25,11 +25,12 @@ from starlette.routing import Route
 
 from llmman.api.ollama_infer import json_response
 from llmman.api.services import Services
+from llmman.cluster.lenders import RPC_WORKERS
 from llmman.errors import BadRequest
 from llmman.protocol.ollama.fields import parse_json_body
 from llmman.sched.lending import Lending, RpcDisabled, WorkerGone
 
-WORKERS = "/llmman/rpc/workers"
+WORKERS = RPC_WORKERS  # the one spelling, which the lenders' client (llmman.cluster.lenders) calls
 TEXT_MAX = 1024  # longest owner or model accepted
 
 

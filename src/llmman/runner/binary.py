@@ -79,6 +79,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     return port
 
 
+def port_free(host: str, port: int) -> bool:
+    """True when ``host:port`` can be bound now (nothing listens there); the same moment's truth as
+    :func:`free_port`'s."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 RPC_SERVER_NAMES = ("ggml-rpc-server", "rpc-server")  # the binary's name now, and before llama.cpp b6000
 
 

@@ -29,13 +29,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmman.errors import LlmmanError, NotFound
+from llmman.runner.binary import port_free
 from llmman.runner.logfiles import BACKUPS, MAX_BYTES
 from llmman.runner.rpc_worker import PortTaken, RpcWorker, rpc_env
 from llmman.sched.scheduler import Scheduler
@@ -271,7 +271,7 @@ class Lending:
         first, last = self.options.ports
         ours = {w.worker.port for w in self._workers.values()}
         for port in range(first, last + 1):
-            if port not in ours and port not in (taken or ()) and _bindable(host, port):
+            if port not in ours and port not in (taken or ()) and port_free(host, port):
                 return port
         raise LlmmanError(f"every port of rpc.ports ({first}-{last}) is taken: this node lends no more RPC "
                           f"workers now", status=503, code="rpc_ports_exhausted")
@@ -356,13 +356,3 @@ class Lending:
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
 
-
-def _bindable(host: str, port: int) -> bool:
-    """True when ``host:port`` can be bound now (nothing listens there)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
